@@ -1,0 +1,67 @@
+# gorgo: `make run` starts everything, `make test` runs every test. Each does its own setup.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+# The first Python >= 3.11 on PATH builds the virtualenv.
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
+export DEBUG ?= true
+export GORGO_DEMO_DURATION_S ?= 3600
+
+.PHONY: help install run test lint format bench clean
+
+help:
+	@echo "make run    set up and start the whole system (control plane, workers, gateways, emulated fleet, demo traffic)"
+	@echo "make test   set up and run every test (lint, unit, end-to-end, browser)"
+	@echo "make lint   ruff"
+	@echo "make bench  run the benchmarks (see benchmarks/README.md)"
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "gorgo needs Python 3.11 or newer on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+run: install
+	@mkdir -p var
+	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
+	$(PY) manage.py migrate --no-input -v 0 && \
+	$(PY) manage.py seed_demo && \
+	echo "REDIS_URL=$$REDIS_URL" && \
+	exec $(VENV)/bin/honcho start -f Procfile
+
+test: lint
+	@bash scripts/ensure_chromium.sh || true
+	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
+	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
+		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \
+		DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest && \
+		echo "== database tests again on SQLite" && \
+		$(PY) -m pytest -q -m "not e2e and not browser" tests/controlplane tests/telemetry; \
+	else \
+		echo "== PostgreSQL not reachable at $(PG_TEST_URL): full suite on SQLite, Redis $$REDIS_URL"; \
+		$(PY) -m pytest; \
+	fi
+
+bench: install
+	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
+	$(PY) benchmarks/gateway_overhead.py && \
+	$(PY) benchmarks/routing_decision.py && \
+	$(PY) benchmarks/routing_quality.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator, URLValidator
+from django.db import models
+
+from controlplane.fleet.choices import NodeStateChoices
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lower-case letters, digits and single hyphens (e.g. us-east)."
+)
+http_url_validator = URLValidator(schemes=["http", "https"])
+
+
+class Region(models.Model):
+    """A geographic region where gateways serve clients and GPU nodes run."""
+
+    slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=128)
+    latitude = models.FloatField(validators=[MinValueValidator(-90.0), MaxValueValidator(90.0)])
+    longitude = models.FloatField(validators=[MinValueValidator(-180.0), MaxValueValidator(180.0)])
+    provider = models.CharField(max_length=64, blank=True)
+    zone = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Model(models.Model):
+    """A model the fleet serves, by the name clients send in the OpenAI ``model`` field."""
+
+    name = models.CharField(max_length=200, unique=True)
+    kv_block_size = models.PositiveIntegerField(
+        default=16, validators=[MinValueValidator(1), MaxValueValidator(1024)]
+    )
+    max_context_tokens = models.PositiveIntegerField(
+        default=32768, validators=[MinValueValidator(16), MaxValueValidator(10_000_000)]
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A vLLM endpoint on a GPU server: where requests are sent."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[slug_validator])
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="nodes")
+    base_url = models.CharField(
+        max_length=300,
+        unique=True,
+        validators=[http_url_validator],
+        help_text="Where the node's OpenAI API lives, e.g. http://10.0.0.5:8000 (no /v1).",
+    )
+    served_models = models.ManyToManyField(Model, related_name="nodes", blank=True)
+    gpu_type = models.CharField(max_length=64, default="H100")
+    gpu_count = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_num_seqs = models.PositiveIntegerField(
+        default=256, validators=[MinValueValidator(1)], help_text="vLLM --max-num-seqs."
+    )
+    prefill_tokens_per_s = models.FloatField(
+        default=20000.0,
+        validators=[MinValueValidator(1.0)],
+        help_text="Estimated prefill throughput, tokens per second.",
+    )
+    kv_capacity_tokens = models.PositiveIntegerField(
+        default=500_000, validators=[MinValueValidator(16)], help_text="KV-cache capacity in tokens."
+    )
+    state = models.CharField(max_length=16, choices=NodeStateChoices.choices, default=NodeStateChoices.ACTIVE)
+    labels = models.JSONField(default=dict, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["region__slug", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        super().clean()
+        if self.base_url:
+            self.base_url = self.base_url.rstrip("/")
+            if self.base_url.endswith("/v1"):
+                raise ValidationError({"base_url": "Give the server root, without the trailing /v1."})
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ValidationError({"labels": "Labels must be an object of string keys to string values."})

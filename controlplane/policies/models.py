@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import msgspec
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from controlplane.policies.choices import AlgorithmChoices
+from routing.contract import PARAMS_BY_ALGORITHM
+
+
+class RoutingPolicy(models.Model):
+    """How gateways choose a node: an algorithm, its parameters and its guards.
+
+    At most one policy is active: the one whose compiled snapshot is live in Redis. Editing a
+    policy changes nothing for the gateways until it is published.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    algorithm = models.CharField(
+        max_length=32, choices=AlgorithmChoices.choices, default=AlgorithmChoices.GORGO
+    )
+    params = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Algorithm parameters; omitted ones take their documented defaults.",
+    )
+    model_scope = models.ManyToManyField(
+        "fleet.Model",
+        related_name="routing_policies",
+        blank=True,
+        help_text="Models this policy serves; empty means every model of the fleet.",
+    )
+    residency = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Data-residency rules: [{"client_region": "eu-central", "node_regions": ["eu-central"]}].',
+    )
+    max_rtt_ms = models.FloatField(
+        null=True, blank=True, help_text="Never route to a node further than this round trip (ms)."
+    )
+    is_active = models.BooleanField(default=False, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    last_updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "routing policies"
+        permissions = [("publish_routingpolicy", "Can publish and roll back routing policies")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_active"], condition=models.Q(is_active=True), name="one_active_policy"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        super().clean()
+        errors: dict[str, str] = {}
+        params_type = PARAMS_BY_ALGORITHM.get(self.algorithm)
+        if params_type is not None:
+            if not isinstance(self.params, dict):
+                errors["params"] = "Parameters must be a JSON object."
+            else:
+                try:
+                    msgspec.convert(self.params, params_type)
+                except msgspec.ValidationError as exc:
+                    errors["params"] = f"Invalid parameters for {self.algorithm}: {exc}"
+        if self.max_rtt_ms is not None and not (0 < self.max_rtt_ms <= 10_000):
+            errors["max_rtt_ms"] = "Maximum RTT must be between 0 and 10000 ms."
+        residency_error = _residency_error(self.residency)
+        if residency_error:
+            errors["residency"] = residency_error
+        if errors:
+            raise ValidationError(errors)
+
+
+def _residency_error(rules: object) -> str | None:
+    """Return why the residency rules are invalid, or None."""
+    from controlplane.fleet.models import Region
+
+    if not isinstance(rules, list):
+        return "Residency must be a list of rules."
+    known = set(Region.objects.values_list("slug", flat=True))
+    seen: set[str] = set()
+    for index, rule in enumerate(rules):
+        where = f"Rule {index + 1}"
+        if not isinstance(rule, dict) or set(rule) != {"client_region", "node_regions"}:
+            return f'{where}: each rule is {{"client_region": ..., "node_regions": [...]}}.'
+        client, targets = rule["client_region"], rule["node_regions"]
+        if client not in known:
+            return f"{where}: unknown client region {client!r}."
+        if client in seen:
+            return f"{where}: client region {client!r} already has a rule."
+        seen.add(client)
+        if not isinstance(targets, list) or not targets:
+            return f"{where}: node_regions must be a non-empty list of region slugs."
+        unknown = [t for t in targets if t not in known]
+        if unknown:
+            return f"{where}: unknown node region(s) {', '.join(map(str, unknown))}."
+    return None
+
+
+class PolicyVersion(models.Model):
+    """An immutable compiled snapshot of a policy with the fleet, as published to the gateways.
+
+    Version numbers are global and only grow, so gateways can tell newer from older; a rollback
+    publishes the old policy again as a new version.
+    """
+
+    policy = models.ForeignKey(RoutingPolicy, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField(unique=True)
+    checksum = models.CharField(max_length=64, db_index=True)
+    snapshot = models.TextField(help_text="The compiled PolicySnapshot as published (JSON).")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="policy_versions",
+    )
+    author_name = models.CharField(max_length=150, help_text="Who published it (kept if the user goes).")
+    note = models.CharField(max_length=500, blank=True)
+    rolled_back_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollbacks"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"{self.policy.name} v{self.number}"

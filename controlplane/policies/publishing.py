@@ -1,0 +1,276 @@
+"""Compile a routing policy with the fleet into a snapshot, and publish it to the gateways.
+
+Publishing is all-or-nothing: the policy is validated, compiled and recorded as a PolicyVersion in
+one database transaction, and the snapshot is written to Redis last inside that transaction; if the
+Redis write fails the transaction rolls back, so no version exists that the gateways never saw.
+The Redis write itself is a compare-and-set (a Lua script): a snapshot only replaces an older
+version, never a newer one, so two publishers racing cannot move the gateways backwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from functools import cache
+
+import msgspec
+import redis
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from controlplane.fleet.models import Model, Node, Region
+from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from routing import contract
+from routing.contract import (
+    PARAMS_BY_ALGORITHM,
+    ModelSpec,
+    NodeSpec,
+    PolicyAnnouncement,
+    PolicySnapshot,
+    PolicySpec,
+    RedisKeys,
+    RegionSpec,
+    ResidencyRule,
+)
+
+log = logging.getLogger(__name__)
+
+SYSTEM_AUTHOR = "system"
+
+# KEYS[1] = current snapshot key; ARGV = snapshot json, version, channel, announcement json.
+# Writes only when the stored snapshot is older (or absent); returns 1 when written.
+_SET_IF_NEWER = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, doc = pcall(cjson.decode, current)
+  if ok and type(doc) == 'table' and tonumber(doc['version']) and tonumber(doc['version']) > tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+
+
+class PublishError(Exception):
+    """The snapshot could not be written to Redis; nothing was recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What a publish did: the live version, and whether it is new."""
+
+    version: PolicyVersion
+    created: bool
+
+
+@cache
+def redis_client() -> redis.Redis:
+    """The control plane's Redis client (one per process; short timeouts so the API fails fast)."""
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+
+def redis_keys() -> RedisKeys:
+    return RedisKeys(prefix=settings.GORGO_REDIS_PREFIX)
+
+
+def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: float = 0.0) -> PolicySnapshot:
+    """Validate the policy and compile it with the current fleet into a snapshot.
+
+    Raises ``ValidationError`` with field errors when the policy is invalid.
+    """
+    policy.full_clean()
+    params = msgspec.convert(policy.params or {}, PARAMS_BY_ALGORITHM[policy.algorithm])
+    spec = PolicySpec(
+        id=policy.pk,
+        name=policy.name,
+        algorithm=policy.algorithm,
+        params=params,
+        model_scope=tuple(sorted(policy.model_scope.values_list("name", flat=True))) if policy.pk else (),
+        residency=tuple(
+            ResidencyRule(client_region=r["client_region"], node_regions=tuple(r["node_regions"]))
+            for r in policy.residency
+        ),
+        max_rtt_ms=policy.max_rtt_ms,
+    )
+    regions = tuple(
+        RegionSpec(slug=r.slug, name=r.name, latitude=r.latitude, longitude=r.longitude)
+        for r in Region.objects.order_by("slug")
+    )
+    models = tuple(
+        ModelSpec(name=m.name, kv_block_size=m.kv_block_size, max_context_tokens=m.max_context_tokens)
+        for m in Model.objects.order_by("name")
+    )
+    nodes = tuple(
+        NodeSpec(
+            id=n.pk,
+            name=n.name,
+            region=n.region.slug,
+            base_url=n.base_url,
+            models=tuple(sorted(m.name for m in n.served_models.all())),
+            gpu_type=n.gpu_type,
+            gpu_count=n.gpu_count,
+            max_num_seqs=n.max_num_seqs,
+            prefill_tokens_per_s=n.prefill_tokens_per_s,
+            kv_capacity_tokens=n.kv_capacity_tokens,
+            state=n.state,
+            labels={str(k): str(v) for k, v in sorted((n.labels or {}).items())},
+        )
+        for n in Node.objects.select_related("region").prefetch_related("served_models").order_by("pk")
+    )
+    content = PolicySnapshot(
+        schema_version=contract.SCHEMA_VERSION,
+        version=0,
+        checksum="",
+        published_at=0.0,
+        policy=spec,
+        regions=regions,
+        models=models,
+        nodes=nodes,
+    )
+    checksum = hashlib.sha256(contract.encode(content)).hexdigest()
+    return msgspec.structs.replace(content, version=version, checksum=checksum, published_at=published_at)
+
+
+def live_version() -> PolicyVersion | None:
+    """The version the gateways are running (the newest published one)."""
+    return (
+        PolicyVersion.objects.filter(published_at__isnull=False)
+        .select_related("policy")
+        .order_by("-number")
+        .first()
+    )
+
+
+def write_snapshot(snapshot: PolicySnapshot) -> bool:
+    """Write a snapshot to Redis and announce it, unless Redis holds a newer one. Raises PublishError."""
+    keys = redis_keys()
+    announcement = PolicyAnnouncement(
+        schema_version=contract.SCHEMA_VERSION, version=snapshot.version, checksum=snapshot.checksum
+    )
+    try:
+        written = redis_client().eval(
+            _SET_IF_NEWER,
+            1,
+            keys.policy_current,
+            contract.encode(snapshot),
+            snapshot.version,
+            keys.policy_channel,
+            contract.encode(announcement),
+        )
+    except redis.RedisError as exc:
+        raise PublishError(f"could not write the snapshot to Redis: {exc}") from exc
+    return bool(written)
+
+
+def publish(
+    policy: RoutingPolicy,
+    *,
+    author: AbstractBaseUser | None = None,
+    note: str = "",
+    rolled_back_from: PolicyVersion | None = None,
+) -> PublishResult:
+    """Compile and publish ``policy``; make it the active one.
+
+    Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
+    Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
+    cases nothing changes.
+    """
+    for _attempt in range(3):
+        try:
+            return _publish_once(policy, author=author, note=note, rolled_back_from=rolled_back_from)
+        except IntegrityError:
+            # Another publisher took the same version number first: compile again on top of it.
+            continue
+    raise PublishError("too many concurrent publishes; try again")
+
+
+def _publish_once(
+    policy: RoutingPolicy,
+    *,
+    author: AbstractBaseUser | None,
+    note: str,
+    rolled_back_from: PolicyVersion | None,
+) -> PublishResult:
+    with transaction.atomic():
+        content = compile_policy(policy)
+        live = live_version()
+        if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
+            _ensure_live_in_redis(live)
+            return PublishResult(version=live, created=False)
+        number = (PolicyVersion.objects.aggregate(top=Max("number"))["top"] or 0) + 1
+        now = timezone.now()
+        snapshot = msgspec.structs.replace(content, version=number, published_at=now.timestamp())
+        version = PolicyVersion.objects.create(
+            policy=policy,
+            number=number,
+            checksum=snapshot.checksum,
+            snapshot=contract.encode(snapshot).decode(),
+            author=author if author is not None and author.is_authenticated else None,
+            author_name=(
+                author.get_username() if author is not None and author.is_authenticated else SYSTEM_AUTHOR
+            ),
+            note=note[:500],
+            rolled_back_from=rolled_back_from,
+            published_at=now,
+        )
+        RoutingPolicy.objects.filter(is_active=True).exclude(pk=policy.pk).update(is_active=False)
+        RoutingPolicy.objects.filter(pk=policy.pk).update(is_active=True)
+        policy.is_active = True
+        write_snapshot(snapshot)  # last: a failure here rolls the whole transaction back
+    log.info("published %s as version %d (%s)", policy.name, number, snapshot.checksum[:12])
+    return PublishResult(version=version, created=True)
+
+
+def _ensure_live_in_redis(live: PolicyVersion) -> None:
+    keys = redis_keys()
+    try:
+        current = redis_client().get(keys.policy_current)
+    except redis.RedisError as exc:
+        raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
+    if current is None or msgspec.json.decode(current).get("version") != live.number:
+        write_snapshot(contract.decode(live.snapshot, PolicySnapshot))
+
+
+def rollback(
+    version: PolicyVersion, *, author: AbstractBaseUser | None = None, note: str = ""
+) -> PublishResult:
+    """Restore the policy settings of an earlier version and publish them with the current fleet."""
+    snapshot = contract.decode(version.snapshot, PolicySnapshot)
+    spec = snapshot.policy
+    with transaction.atomic():
+        policy = RoutingPolicy.objects.select_for_update().get(pk=version.policy_id)
+        policy.algorithm = spec.algorithm
+        policy.params = msgspec.to_builtins(spec.params)
+        policy.params.pop("type", None)  # the union tag: the algorithm field says it already
+        policy.residency = [
+            {"client_region": r.client_region, "node_regions": list(r.node_regions)} for r in spec.residency
+        ]
+        policy.max_rtt_ms = spec.max_rtt_ms
+        missing = set(spec.model_scope) - set(
+            Model.objects.filter(name__in=spec.model_scope).values_list("name", flat=True)
+        )
+        if missing:
+            raise ValidationError({"model_scope": f"Models no longer exist: {', '.join(sorted(missing))}."})
+        policy.save()
+        policy.model_scope.set(Model.objects.filter(name__in=spec.model_scope))
+        return publish(
+            policy,
+            author=author,
+            note=note or f"rollback to v{version.number}",
+            rolled_back_from=version,
+        )
+
+
+def republish_active(reason: str) -> PublishResult | None:
+    """Republish the active policy after a fleet change (no-op if nothing changed)."""
+    policy = RoutingPolicy.objects.filter(is_active=True).first()
+    if policy is None:
+        return None
+    return publish(policy, note=f"fleet change: {reason}")

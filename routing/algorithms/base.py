@@ -1,0 +1,77 @@
+"""The algorithm interface: pure functions over an immutable view.
+
+An algorithm gets a ``RoutingView`` (eligible candidates, their load, RTT from this gateway's
+region, live state, the prefix matches the index found) and a ``RoutingRequest``, and returns a
+``Decision``. It does no I/O and reads no clock: everything time- or state-dependent is in the
+view, so every algorithm is testable with plain values and replayable in benchmarks.
+
+Eligibility (model served, node active, healthy, data residency, maximum RTT) is decided before an
+algorithm runs; an algorithm is never called with an empty candidate list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from routing.contract import AlgorithmParams, CostTerms, NodeLiveState, NodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLoad:
+    """Outstanding work on a node as this gateway (plus its peers) knows it."""
+
+    outstanding_requests: int = 0
+    # prompt tokens sent but not yet at first token (prefill still to do)
+    outstanding_prefill_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """What an algorithm may know of the request."""
+
+    model: str
+    prompt_chars: int
+    prompt_tokens_est: int
+    session_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingView:
+    """An immutable picture of the fleet at the moment of one decision."""
+
+    region: str  # the gateway's region
+    candidates: tuple[NodeSpec, ...]  # eligible, in stable (id) order; never empty
+    params: AlgorithmParams
+    load: Mapping[int, NodeLoad] = field(default_factory=dict)  # node id -> load
+    rtt_ms: Mapping[int, float] = field(default_factory=dict)  # node id -> RTT from `region`
+    live: Mapping[int, NodeLiveState] = field(default_factory=dict)
+    matched_tokens: Mapping[int, int] = field(default_factory=dict)  # node id -> cached prefix est.
+    sequence: int = 0  # a per-gateway request counter (round robin)
+
+    def load_of(self, node_id: int) -> NodeLoad:
+        return self.load.get(node_id, _NO_LOAD)
+
+
+_NO_LOAD = NodeLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen node and, where the algorithm models them, the cost terms."""
+
+    node: NodeSpec
+    cost: CostTerms | None = None
+    runner_up: CostTerms | None = None
+
+
+AlgorithmFn = Callable[[RoutingView, RoutingRequest], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class AlgorithmInfo:
+    """A registered algorithm and what the gateway must prepare for it."""
+
+    name: str
+    choose: AlgorithmFn
+    needs_prefix_matches: bool = False

@@ -1,0 +1,396 @@
+"""The contract between the control plane and the gateways.
+
+Everything the two sides share lives here: Redis key and channel names, and the typed wire structs
+(msgspec) for the compiled policy snapshot, the live node state, the RTT table and the per-request
+record. The control plane imports this module to write; the gateway imports it to read. It must
+never import Django.
+
+Every top-level struct carries ``schema_version``. A reader that meets a version it does not know
+refuses the document (``UnknownSchemaVersion``) and keeps what it had, so a rolling upgrade never
+serves a half-understood policy.
+
+All wire documents are JSON (msgspec), so an operator can read them with ``redis-cli``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+Algorithm = Literal["round_robin", "least_load", "session_affinity", "prefix_affinity", "gorgo"]
+ALGORITHMS: tuple[Algorithm, ...] = (
+    "round_robin",
+    "least_load",
+    "session_affinity",
+    "prefix_affinity",
+    "gorgo",
+)
+NodeState = Literal["active", "draining", "disabled"]
+
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class UnknownSchemaVersion(ValueError):
+    """A document was written by a newer (or older) schema than this reader understands."""
+
+
+# --------------------------------------------------------------------------------------------
+# Redis names
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RedisKeys:
+    """Names of every Redis key, stream and channel gorgo uses, under one prefix.
+
+    The prefix lets several fleets (staging, production) share one Redis, and lets concurrent test
+    runs stay out of each other's way.
+    """
+
+    prefix: str = "gorgo"
+
+    @property
+    def policy_current(self) -> str:
+        """STRING: the live ``PolicySnapshot`` (JSON)."""
+        return f"{self.prefix}:policy:current"
+
+    @property
+    def policy_channel(self) -> str:
+        """PUB/SUB: a ``PolicyAnnouncement`` each time a new snapshot goes live."""
+        return f"{self.prefix}:policy:announce"
+
+    @property
+    def live_nodes(self) -> str:
+        """HASH: node id -> ``NodeLiveState`` (JSON), written by telemetry workers."""
+        return f"{self.prefix}:live:nodes"
+
+    @property
+    def live_rtt(self) -> str:
+        """STRING: the ``RTTTable`` (JSON), written by the RTT probe aggregation."""
+        return f"{self.prefix}:live:rtt"
+
+    @property
+    def live_channel(self) -> str:
+        """PUB/SUB: notified (payload: the key that changed) after live state is written."""
+        return f"{self.prefix}:live:announce"
+
+    @property
+    def request_stream(self) -> str:
+        """STREAM: one ``RequestRecord`` per finished request (field ``r``), capped."""
+        return f"{self.prefix}:requests"
+
+    @property
+    def request_group(self) -> str:
+        """Consumer group name on the request stream used by the aggregation workers."""
+        return f"{self.prefix}-aggregators"
+
+    @property
+    def gateway_load(self) -> str:
+        """HASH: gateway id -> ``GatewayLoad`` (JSON), each gateway's outstanding work per node."""
+        return f"{self.prefix}:gateway:load"
+
+    @property
+    def prefix_stream(self) -> str:
+        """STREAM: ``PrefixUpdate`` batches (field ``u``) so gateways share their prefix indexes."""
+        return f"{self.prefix}:prefix:updates"
+
+    def lock(self, name: str) -> str:
+        """STRING: a short-lived mutual-exclusion lock for a periodic task."""
+        return f"{self.prefix}:lock:{name}"
+
+
+REQUEST_STREAM_FIELD = "r"
+PREFIX_STREAM_FIELD = "u"
+
+# --------------------------------------------------------------------------------------------
+# Policy snapshot (control plane -> gateway)
+# --------------------------------------------------------------------------------------------
+
+
+class RoundRobinParams(msgspec.Struct, frozen=True, tag="round_robin", forbid_unknown_fields=True):
+    """Rotate over eligible nodes in a stable order."""
+
+
+class LeastLoadParams(msgspec.Struct, frozen=True, tag="least_load", forbid_unknown_fields=True):
+    """Pick the node with the fewest outstanding requests (ties: fewer outstanding tokens)."""
+
+
+class SessionAffinityParams(msgspec.Struct, frozen=True, tag="session_affinity", forbid_unknown_fields=True):
+    """Consistent hashing on a session key (header, else the OpenAI ``user`` field)."""
+
+    session_header: Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9-]+$")] = (
+        "x-session-id"
+    )
+    virtual_nodes: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 160
+
+
+class PrefixAffinityParams(msgspec.Struct, frozen=True, tag="prefix_affinity", forbid_unknown_fields=True):
+    """SGLang-router-style cache-aware routing. Defaults are SGLang's."""
+
+    cache_threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.3
+    balance_abs_threshold: Annotated[int, msgspec.Meta(ge=0)] = 64
+    balance_rel_threshold: Annotated[float, msgspec.Meta(ge=1.0)] = 1.5
+
+
+class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_fields=True):
+    """The GORGO cost model: w_rtt*RTT + w_queue*queue_wait + prefill(uncached tokens).
+
+    ``default_rtt_ms`` is used for a (region, node) pair with no measurement yet.
+    ``chars_per_token`` converts prompt characters to estimated tokens.
+    """
+
+    w_rtt: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
+    w_queue: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
+    default_rtt_ms: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 100.0
+    chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
+
+
+AlgorithmParams = (
+    RoundRobinParams | LeastLoadParams | SessionAffinityParams | PrefixAffinityParams | GorgoParams
+)
+PARAMS_BY_ALGORITHM: dict[str, type[msgspec.Struct]] = {
+    "round_robin": RoundRobinParams,
+    "least_load": LeastLoadParams,
+    "session_affinity": SessionAffinityParams,
+    "prefix_affinity": PrefixAffinityParams,
+    "gorgo": GorgoParams,
+}
+
+
+class RegionSpec(msgspec.Struct, frozen=True):
+    """A geographic region (where gateways and nodes live)."""
+
+    slug: str
+    name: str
+    latitude: float
+    longitude: float
+
+
+class ModelSpec(msgspec.Struct, frozen=True):
+    """A served model, by the name clients put in ``model``."""
+
+    name: str
+    kv_block_size: int
+    max_context_tokens: int
+
+
+class NodeSpec(msgspec.Struct, frozen=True):
+    """One vLLM endpoint on a GPU server, as the control plane knows it."""
+
+    id: int
+    name: str
+    region: str
+    base_url: str
+    models: tuple[str, ...]
+    gpu_type: str
+    gpu_count: int
+    max_num_seqs: int
+    prefill_tokens_per_s: float
+    kv_capacity_tokens: int
+    state: NodeState
+    labels: dict[str, str] = {}
+
+
+class ResidencyRule(msgspec.Struct, frozen=True):
+    """Clients served by a gateway in ``client_region`` may only reach nodes in ``node_regions``.
+
+    A client region with no rule may reach every region.
+    """
+
+    client_region: str
+    node_regions: tuple[str, ...]
+
+
+class PolicySpec(msgspec.Struct, frozen=True):
+    """A routing policy as compiled: the algorithm, its parameters and its guards."""
+
+    id: int
+    name: str
+    algorithm: Algorithm
+    params: AlgorithmParams
+    model_scope: tuple[str, ...] = ()  # empty: every model of the fleet
+    residency: tuple[ResidencyRule, ...] = ()
+    max_rtt_ms: float | None = None
+
+
+class PolicySnapshot(msgspec.Struct, frozen=True):
+    """The immutable, versioned document a gateway routes by: one policy plus the fleet."""
+
+    schema_version: int
+    version: int
+    checksum: str
+    published_at: float  # unix seconds
+    policy: PolicySpec
+    regions: tuple[RegionSpec, ...]
+    models: tuple[ModelSpec, ...]
+    nodes: tuple[NodeSpec, ...]
+
+
+class PolicyAnnouncement(msgspec.Struct, frozen=True):
+    """Published on ``policy_channel`` after ``policy_current`` is written."""
+
+    schema_version: int
+    version: int
+    checksum: str
+
+
+# --------------------------------------------------------------------------------------------
+# Live state (telemetry workers -> gateways, dashboard)
+# --------------------------------------------------------------------------------------------
+
+
+class NodeLiveState(msgspec.Struct, frozen=True):
+    """What the workers last saw of a node. Absent fields mean "not measured yet"."""
+
+    schema_version: int
+    node_id: int
+    healthy: bool
+    updated_at: float  # unix seconds
+    num_running: float | None = None
+    num_waiting: float | None = None
+    kv_cache_usage: float | None = None  # 0..1
+    prefix_hit_rate: float | None = None  # 0..1 over the last scrape interval, in tokens
+    last_scrape_at: float | None = None
+    last_probe_at: float | None = None
+
+
+class RTTEntry(msgspec.Struct, frozen=True):
+    """Application-level round trip from a region to a node (EWMA), in milliseconds."""
+
+    region: str
+    node_id: int
+    rtt_ms: float
+    jitter_ms: float
+    samples: int
+    updated_at: float
+
+
+class RTTTable(msgspec.Struct, frozen=True):
+    """Every measured (region, node) round trip."""
+
+    schema_version: int
+    updated_at: float
+    entries: tuple[RTTEntry, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Gateway -> workers, gateway <-> gateway
+# --------------------------------------------------------------------------------------------
+
+
+class CostTerms(msgspec.Struct, frozen=True):
+    """How an algorithm valued one candidate node (ms unless named otherwise).
+
+    Algorithms that do not model a term leave it at 0.
+    """
+
+    node_id: int
+    total_ms: float = 0.0
+    rtt_ms: float = 0.0
+    queue_ms: float = 0.0
+    prefill_ms: float = 0.0
+    matched_tokens: int = 0
+    uncached_tokens: int = 0
+
+
+class RequestRecord(msgspec.Struct, frozen=True):
+    """One finished request, as the gateway saw it. Appended to ``request_stream``."""
+
+    schema_version: int
+    request_id: str
+    ts: float  # unix seconds when the request arrived
+    gateway_region: str
+    gateway_id: str
+    model: str
+    status: int
+    stream: bool
+    node_id: int | None = None
+    node_region: str | None = None
+    algorithm: str | None = None
+    policy_version: int | None = None
+    prompt_chars: int = 0
+    prompt_tokens_est: int = 0
+    prompt_tokens: int | None = None  # from the node's usage, when it reported one
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    routing_us: float = 0.0  # time spent choosing the node
+    gateway_ms: float = 0.0  # time inside the gateway before the request left for the node
+    ttft_ms: float | None = None  # arrival at gateway -> first byte back to the client
+    total_ms: float = 0.0
+    bytes_out: int = 0
+    error: str | None = None
+    cost: CostTerms | None = None
+    runner_up: CostTerms | None = None
+
+
+class GatewayLoad(msgspec.Struct, frozen=True):
+    """One gateway's outstanding work per node, shared so gateways do not herd."""
+
+    schema_version: int
+    gateway_id: str
+    region: str
+    updated_at: float
+    outstanding_requests: dict[int, int]
+    outstanding_prefill_tokens: dict[int, int]
+
+
+class PrefixUpdate(msgspec.Struct, frozen=True):
+    """Chunk hashes one gateway inserted into its prefix index for a node."""
+
+    schema_version: int
+    gateway_id: str
+    node_id: int
+    chunk_hashes: tuple[int, ...]
+    ts: float
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+def encode(doc: msgspec.Struct) -> bytes:
+    """Serialise any contract struct to JSON bytes."""
+    return _encoder.encode(doc)
+
+
+def decode(data: bytes | str, type_: type[T]) -> T:
+    """Decode and check ``schema_version``; raise ``UnknownSchemaVersion`` or ``msgspec.ValidationError``."""
+    decoder = _decoders.get(type_)
+    if decoder is None:
+        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
+    if isinstance(data, str):
+        data = data.encode()
+    if type_ in _VERSIONED:
+        probe = msgspec.json.decode(data, type=_VersionProbe)
+        if probe.schema_version != SCHEMA_VERSION:
+            raise UnknownSchemaVersion(
+                f"{type_.__name__} has schema_version {probe.schema_version}; "
+                f"this build understands {SCHEMA_VERSION}"
+            )
+    return decoder.decode(data)
+
+
+class _VersionProbe(msgspec.Struct):
+    schema_version: int
+
+
+_VERSIONED = frozenset(
+    {
+        PolicySnapshot,
+        PolicyAnnouncement,
+        NodeLiveState,
+        RTTTable,
+        RequestRecord,
+        GatewayLoad,
+        PrefixUpdate,
+    }
+)

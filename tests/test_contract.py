@@ -1,0 +1,88 @@
+"""The wire contract: round trips, schema-version refusal, parameter validation, no Django."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from routing import contract
+from routing.contract import (
+    GorgoParams,
+    NodeSpec,
+    PolicySnapshot,
+    PolicySpec,
+    RedisKeys,
+    RegionSpec,
+    UnknownSchemaVersion,
+)
+
+
+def snapshot(**overrides) -> PolicySnapshot:
+    fields = dict(
+        schema_version=contract.SCHEMA_VERSION,
+        version=7,
+        checksum="abc",
+        published_at=1.0,
+        policy=PolicySpec(id=1, name="default", algorithm="gorgo", params=GorgoParams(w_rtt=2.0)),
+        regions=(RegionSpec(slug="us-east", name="US East", latitude=39.04, longitude=-77.49),),
+        models=(),
+        nodes=(
+            NodeSpec(
+                id=1,
+                name="us-east-1",
+                region="us-east",
+                base_url="http://127.0.0.1:8101",
+                models=("m",),
+                gpu_type="H100",
+                gpu_count=1,
+                max_num_seqs=256,
+                prefill_tokens_per_s=20000.0,
+                kv_capacity_tokens=500000,
+                state="active",
+            ),
+        ),
+    )
+    fields.update(overrides)
+    return PolicySnapshot(**fields)
+
+
+def test_it_round_trips_a_snapshot_with_tagged_params() -> None:
+    decoded = contract.decode(contract.encode(snapshot()), PolicySnapshot)
+    assert decoded == snapshot()
+    assert isinstance(decoded.policy.params, GorgoParams)
+    assert decoded.policy.params.w_rtt == 2.0
+
+
+def test_it_refuses_an_unknown_schema_version() -> None:
+    data = contract.encode(snapshot(schema_version=contract.SCHEMA_VERSION + 1))
+    with pytest.raises(UnknownSchemaVersion, match="schema_version"):
+        contract.decode(data, PolicySnapshot)
+
+
+def test_it_rejects_out_of_range_params() -> None:
+    with pytest.raises(msgspec.ValidationError, match="w_queue"):
+        msgspec.convert({"w_queue": -1}, GorgoParams)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"unknown": 1}, GorgoParams)
+
+
+def test_it_namespaces_every_redis_name() -> None:
+    keys = RedisKeys(prefix="staging")
+    names = [getattr(keys, name) for name in dir(RedisKeys) if isinstance(getattr(RedisKeys, name), property)]
+    assert names and all(name.startswith("staging") for name in names)
+    assert len(set(names)) == len(names)
+
+
+def test_it_keeps_routing_free_of_django() -> None:
+    code = (
+        "import sys, pkgutil, importlib, routing\n"
+        "for m in pkgutil.walk_packages(routing.__path__, 'routing.'):\n"
+        "    if m.name != 'routing.__main__': importlib.import_module(m.name)\n"
+        "bad = sorted(n for n in sys.modules if n == 'django' or n.startswith('django.'))\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
