@@ -83,6 +83,17 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def set_state(self, state: NodeStateChoices) -> bool:
+        """Move the node to ``state`` (drain/enable); False when it already was, nothing saved.
+
+        A plain save, not a queryset update, so the fleet-change signal republishes the policy.
+        """
+        if self.state == state:
+            return False
+        self.state = state
+        self.save(update_fields=["state", "last_updated"])
+        return True
+
     def clean(self) -> None:
         super().clean()
         if self.base_url:

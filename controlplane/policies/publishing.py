@@ -204,7 +204,9 @@ def _publish_once(
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
             _ensure_live_in_redis(live)
             return PublishResult(version=live, created=False)
-        number = (PolicyVersion.objects.aggregate(top=Max("number"))["top"] or 0) + 1
+        # Above both the database's and Redis's newest: after a database restore the gateways may
+        # run a higher version than any we remember, and a lower number would never go live.
+        number = max(PolicyVersion.objects.aggregate(top=Max("number"))["top"] or 0, _redis_version()) + 1
         now = timezone.now()
         snapshot = msgspec.structs.replace(content, version=number, published_at=now.timestamp())
         version = PolicyVersion.objects.create(
@@ -223,9 +225,25 @@ def _publish_once(
         RoutingPolicy.objects.filter(is_active=True).exclude(pk=policy.pk).update(is_active=False)
         RoutingPolicy.objects.filter(pk=policy.pk).update(is_active=True)
         policy.is_active = True
-        write_snapshot(snapshot)  # last: a failure here rolls the whole transaction back
+        # Last: a failure here rolls the whole transaction back.
+        if not write_snapshot(snapshot):
+            raise IntegrityError(f"Redis already holds a snapshot newer than version {number}")
     log.info("published %s as version %d (%s)", policy.name, number, snapshot.checksum[:12])
     return PublishResult(version=version, created=True)
+
+
+def _redis_version() -> int:
+    """The version of the snapshot the gateways run now (0 when there is none)."""
+    try:
+        current = redis_client().get(redis_keys().policy_current)
+    except redis.RedisError as exc:
+        raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
+    if current is None:
+        return 0
+    try:
+        return int(msgspec.json.decode(current).get("version", 0))
+    except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
+        return 0  # unreadable: the compare-and-set will replace it
 
 
 def _ensure_live_in_redis(live: PolicyVersion) -> None:

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import SimpleRouter
 
-router = DefaultRouter()
+from controlplane.policies.api import views
+
+router = SimpleRouter()
+router.register("policies", views.RoutingPolicyViewSet, basename="policy")
+router.register("policy-versions", views.PolicyVersionViewSet, basename="policyversion")
 
 urlpatterns = router.urls

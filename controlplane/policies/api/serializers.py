@@ -1,0 +1,172 @@
+"""Serializers of the policies API: policies, versions, and the bodies of the publish actions."""
+
+from __future__ import annotations
+
+import msgspec
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.api import ValidatedModelSerializer
+from controlplane.fleet.models import Model
+from controlplane.policies.models import PolicyVersion, RoutingPolicy
+
+
+class ResidencyRuleSerializer(serializers.Serializer):
+    """Clients in ``client_region`` may only be served by nodes in ``node_regions``."""
+
+    client_region = serializers.CharField(max_length=64)
+    node_regions = serializers.ListField(child=serializers.CharField(max_length=64), allow_empty=False)
+
+
+class RoutingPolicySerializer(ValidatedModelSerializer):
+    """A routing policy. ``params`` are checked against the algorithm; unknown names are errors."""
+
+    url = serializers.HyperlinkedIdentityField(view_name="policy-detail")
+    model_scope = serializers.SlugRelatedField(
+        many=True,
+        slug_field="name",
+        queryset=Model.objects.all(),
+        required=False,
+        help_text="Model names this policy serves; empty means every model of the fleet.",
+    )
+    residency = serializers.ListField(child=ResidencyRuleSerializer(), required=False)
+    live_version = serializers.SerializerMethodField(
+        help_text="The version number the gateways run, when this is the active policy."
+    )
+
+    class Meta:
+        model = RoutingPolicy
+        fields = [
+            "id",
+            "url",
+            "name",
+            "description",
+            "algorithm",
+            "params",
+            "model_scope",
+            "residency",
+            "max_rtt_ms",
+            "is_active",
+            "live_version",
+            "created",
+            "last_updated",
+        ]
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_live_version(self, policy: RoutingPolicy) -> int | None:
+        # The active policy's newest version is the newest of all: every publish activates its policy.
+        return getattr(policy, "latest_version_number", None) if policy.is_active else None
+
+
+class NestedRoutingPolicySerializer(serializers.ModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="policy-detail")
+
+    class Meta:
+        model = RoutingPolicy
+        fields = ["id", "url", "name"]
+
+
+class PolicyVersionSerializer(serializers.ModelSerializer):
+    """A published, immutable snapshot of a policy with the fleet."""
+
+    url = serializers.HyperlinkedIdentityField(view_name="policyversion-detail")
+    policy = NestedRoutingPolicySerializer(read_only=True)
+    rolled_back_from = serializers.IntegerField(
+        source="rolled_back_from.number",
+        read_only=True,
+        allow_null=True,
+        help_text="The version number this one restored, for a rollback.",
+    )
+    snapshot = serializers.SerializerMethodField(help_text="The PolicySnapshot as published.")
+
+    class Meta:
+        model = PolicyVersion
+        fields = [
+            "id",
+            "url",
+            "number",
+            "policy",
+            "checksum",
+            "author_name",
+            "note",
+            "rolled_back_from",
+            "created",
+            "published_at",
+            "snapshot",
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_snapshot(self, version: PolicyVersion) -> dict:
+        return msgspec.json.decode(version.snapshot)
+
+
+class PublishRequestSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    checksum = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="Publish only if the policy still compiles to this checksum (from validate or diff); "
+        "409 when the policy or the fleet changed since it was reviewed.",
+    )
+
+
+class RollbackRequestSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1, help_text="Number of an earlier version of this policy.")
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate_version(self, number: int) -> PolicyVersion:
+        policy = self.context["policy"]
+        version = PolicyVersion.objects.filter(policy=policy, number=number).first()
+        if version is None:
+            raise serializers.ValidationError(f"Version {number} is not a version of policy {policy.name}.")
+        return version
+
+
+class SnapshotNodeCountsSerializer(serializers.Serializer):
+    total = serializers.IntegerField()
+    active = serializers.IntegerField()
+    draining = serializers.IntegerField()
+    disabled = serializers.IntegerField()
+
+
+class SnapshotSummarySerializer(serializers.Serializer):
+    policy = serializers.CharField()
+    algorithm = serializers.CharField()
+    params = serializers.DictField(help_text="With every default filled in.")
+    model_scope = serializers.ListField(child=serializers.CharField())
+    residency = ResidencyRuleSerializer(many=True)
+    max_rtt_ms = serializers.FloatField(allow_null=True)
+    regions = serializers.ListField(child=serializers.CharField())
+    models = serializers.ListField(child=serializers.CharField())
+    nodes = SnapshotNodeCountsSerializer()
+    routable_nodes = serializers.ListField(
+        child=serializers.CharField(), help_text="Active nodes serving a model in scope."
+    )
+
+
+class PolicyValidationSerializer(serializers.Serializer):
+    """The answer of a dry run: the policy compiles; what it would publish."""
+
+    valid = serializers.BooleanField()
+    checksum = serializers.CharField()
+    live_version = serializers.IntegerField(allow_null=True)
+    differs_from_live = serializers.BooleanField()
+    summary = SnapshotSummarySerializer()
+
+
+class SnapshotChangeSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="e.g. policy.params.w_rtt or nodes[us-east-1].state")
+    old = serializers.JSONField(allow_null=True)
+    new = serializers.JSONField(allow_null=True)
+
+
+class PolicyDiffSerializer(serializers.Serializer):
+    """The policy compiled now, against the live snapshot."""
+
+    live_version = serializers.IntegerField(allow_null=True)
+    live_policy = serializers.CharField(allow_null=True)
+    live_checksum = serializers.CharField(allow_null=True)
+    checksum = serializers.CharField()
+    changed = serializers.BooleanField()
+    changes = SnapshotChangeSerializer(many=True)

@@ -1,0 +1,125 @@
+"""Policies API: CRUD declarations, the publish/validate/rollback/diff actions, read-only versions."""
+
+from __future__ import annotations
+
+from django.db.models import Max
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.api import BaseModelViewSet, ConflictError
+from controlplane.permissions import required_perms
+from controlplane.policies import publishing, review
+from controlplane.policies.api.serializers import (
+    PolicyDiffSerializer,
+    PolicyValidationSerializer,
+    PolicyVersionSerializer,
+    PublishRequestSerializer,
+    RollbackRequestSerializer,
+    RoutingPolicySerializer,
+)
+from controlplane.policies.filtersets import PolicyVersionFilterSet, RoutingPolicyFilterSet
+from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from routing import contract
+from routing.contract import PolicySnapshot
+
+_INVALID = OpenApiResponse(OpenApiTypes.OBJECT, description="The policy is invalid: field errors.")
+_PUBLISHED = {
+    201: OpenApiResponse(PolicyVersionSerializer, description="A new version is live."),
+    200: OpenApiResponse(PolicyVersionSerializer, description="Unchanged: this version was already live."),
+    400: _INVALID,
+    503: OpenApiResponse(OpenApiTypes.OBJECT, description="Redis is unreachable; nothing was recorded."),
+}
+
+
+class RoutingPolicyViewSet(BaseModelViewSet):
+    queryset = RoutingPolicy.objects.prefetch_related("model_scope").annotate(
+        latest_version_number=Max("versions__number")
+    )
+    serializer_class = RoutingPolicySerializer
+    filterset_class = RoutingPolicyFilterSet
+
+    @extend_schema(
+        request=PublishRequestSerializer,
+        responses={
+            **_PUBLISHED,
+            409: OpenApiResponse(OpenApiTypes.OBJECT, description="Changed since review."),
+        },
+        summary="Compile and publish",
+    )
+    @action(detail=True, methods=["post"])
+    @required_perms("policies.publish_routingpolicy")
+    def publish(self, request: Request, pk: str | None = None) -> Response:
+        policy = self.get_object()
+        body = PublishRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        reviewed = body.validated_data.get("checksum")
+        if reviewed and publishing.compile_policy(policy).checksum != reviewed:
+            raise ConflictError("The policy or the fleet changed since that checksum; review the diff again.")
+        result = publishing.publish(policy, author=request.user, note=body.validated_data["note"])
+        return self._published(result)
+
+    @extend_schema(
+        request=RollbackRequestSerializer, responses=_PUBLISHED, summary="Publish an earlier version again"
+    )
+    @action(detail=True, methods=["post"])
+    @required_perms("policies.publish_routingpolicy")
+    def rollback(self, request: Request, pk: str | None = None) -> Response:
+        policy = self.get_object()
+        body = RollbackRequestSerializer(data=request.data, context={"policy": policy})
+        body.is_valid(raise_exception=True)
+        result = publishing.rollback(
+            body.validated_data["version"], author=request.user, note=body.validated_data["note"]
+        )
+        return self._published(result)
+
+    @extend_schema(
+        request=None,
+        responses={200: PolicyValidationSerializer, 400: _INVALID},
+        summary="Dry run: compile with the current fleet, publish nothing",
+    )
+    @action(detail=True, methods=["post"])
+    @required_perms()  # writes nothing: any authenticated user may check a policy
+    def validate(self, request: Request, pk: str | None = None) -> Response:
+        snapshot = publishing.compile_policy(self.get_object())
+        live = publishing.live_version()
+        answer = {
+            "valid": True,
+            "checksum": snapshot.checksum,
+            "live_version": live.number if live else None,
+            "differs_from_live": live is None or live.checksum != snapshot.checksum,
+            "summary": review.summarize(snapshot),
+        }
+        return Response(PolicyValidationSerializer(answer).data)
+
+    @extend_schema(
+        responses={200: PolicyDiffSerializer, 400: _INVALID}, summary="Changes against the live snapshot"
+    )
+    @action(detail=True, methods=["get"])
+    def diff(self, request: Request, pk: str | None = None) -> Response:
+        snapshot = publishing.compile_policy(self.get_object())
+        live = publishing.live_version()
+        live_snapshot = contract.decode(live.snapshot, PolicySnapshot) if live else None
+        changes = review.diff_snapshots(live_snapshot, snapshot)
+        answer = {
+            "live_version": live.number if live else None,
+            "live_policy": live.policy.name if live else None,
+            "live_checksum": live.checksum if live else None,
+            "checksum": snapshot.checksum,
+            "changed": bool(changes),
+            "changes": changes,
+        }
+        return Response(PolicyDiffSerializer(answer).data)
+
+    def _published(self, result: publishing.PublishResult) -> Response:
+        data = PolicyVersionSerializer(result.version, context=self.get_serializer_context()).data
+        return Response(data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+
+
+class PolicyVersionViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = PolicyVersion.objects.select_related("policy", "rolled_back_from")
+    serializer_class = PolicyVersionSerializer
+    filterset_class = PolicyVersionFilterSet

@@ -1,0 +1,71 @@
+"""Helpers for the control-plane tests: a small fleet, API clients with tokens, Redis read-back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from rest_framework.test import APIClient
+
+from controlplane.fleet.models import Model, Node, Region
+from routing import contract
+from routing.contract import PolicySnapshot, RedisKeys
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+REGIONS = {
+    "us-east": ("US East (Ashburn)", 39.04, -77.49),
+    "eu-central": ("EU Central (Frankfurt)", 50.11, 8.68),
+    "ap-south": ("AP South (Mumbai)", 19.08, 72.88),
+}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Three regions, one model and two nodes per region (ports 9101..9106, nothing listens)."""
+
+    regions: dict[str, Region]
+    model: Model
+    nodes: dict[str, Node]
+
+
+def make_regions_and_model() -> tuple[dict[str, Region], Model]:
+    """The three demo regions and the demo model (reused when they exist)."""
+    regions = {
+        slug: Region.objects.get_or_create(
+            slug=slug, defaults={"name": name, "latitude": lat, "longitude": lon}
+        )[0]
+        for slug, (name, lat, lon) in REGIONS.items()
+    }
+    model, _ = Model.objects.get_or_create(
+        name=LLAMA, defaults={"kv_block_size": 16, "max_context_tokens": 32768}
+    )
+    return regions, model
+
+
+def make_fleet() -> Fleet:
+    regions, model = make_regions_and_model()
+    nodes = {}
+    port = 9101
+    for slug, region in regions.items():
+        for index in (1, 2):
+            node = Node.objects.create(
+                name=f"{slug}-{index}", region=region, base_url=f"http://127.0.0.1:{port}"
+            )
+            node.served_models.add(model)
+            nodes[node.name] = node
+            port += 1
+    return Fleet(regions=regions, model=model, nodes=nodes)
+
+
+def client_for(token: str | None) -> APIClient:
+    """An API client authenticated with an API token (anonymous for None)."""
+    client = APIClient()
+    if token is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    return client
+
+
+def live_snapshot(client: redis.Redis, keys: RedisKeys) -> PolicySnapshot | None:
+    """The snapshot the gateways would load, decoded with the contract's structs."""
+    raw = client.get(keys.policy_current)
+    return None if raw is None else contract.decode(raw, PolicySnapshot)

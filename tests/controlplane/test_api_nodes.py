@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from controlplane.fleet.models import Node
+from tests.controlplane.crud import CRUDTests
+from tests.controlplane.support import LLAMA
+
+
+class TestNodeAPI(CRUDTests):
+    url = "/api/v1/nodes/"
+    model = Node
+    create_data = {
+        "name": "eu-central-9",
+        "region": "eu-central",
+        "base_url": "http://127.0.0.1:9300",
+        "models": [LLAMA],
+        "gpu_type": "A100-80GB",
+        "gpu_count": 2,
+        "max_num_seqs": 128,
+        "prefill_tokens_per_s": 15000.0,
+        "kv_capacity_tokens": 200000,
+        "state": "active",
+        "labels": {"rack": "a1"},
+    }
+    update_data = {"region": "ap-south", "state": "draining", "models": [], "gpu_count": 4, "labels": {}}
+
+    def make(self, index: int) -> Node:
+        node = Node.objects.create(
+            name=f"node-{index}", region=self.regions["us-east"], base_url=f"http://127.0.0.1:{9200 + index}"
+        )
+        node.served_models.add(self.llm)
+        return node
+
+    def test_it_filters_by_region_state_and_model(self, viewer_client, fleet) -> None:
+        fleet.nodes["us-east-2"].set_state("draining")
+        response = viewer_client.get(self.url, {"region": "us-east", "state": "active", "model": LLAMA})
+        assert [n["name"] for n in response.json()["results"]] == ["us-east-1"]
+
+    def test_it_strips_a_trailing_slash_from_the_base_url(self, operator_client) -> None:
+        data = {**self.create_data, "base_url": "http://127.0.0.1:9300/"}
+        response = operator_client.post(self.url, data, format="json")
+        assert response.status_code == 201, response.content
+        assert response.json()["base_url"] == "http://127.0.0.1:9300"
+        assert Node.objects.get(name="eu-central-9").base_url == "http://127.0.0.1:9300"
+
+
+class TestNodeActions:
+    def test_it_drains_and_enables_a_node(self, operator_client, fleet) -> None:
+        node = fleet.nodes["eu-central-1"]
+        response = operator_client.post(f"/api/v1/nodes/{node.pk}/drain/")
+        assert response.status_code == 200, response.content
+        assert response.json()["state"] == "draining"
+        node.refresh_from_db()
+        assert node.state == "draining"
+        response = operator_client.post(f"/api/v1/nodes/{node.pk}/enable/")
+        assert response.status_code == 200
+        assert response.json()["state"] == "active"
+        node.refresh_from_db()
+        assert node.state == "active"
+
+    def test_it_refuses_drain_to_viewers_and_anonymous_users(self, viewer_client, anon_client, fleet) -> None:
+        node = fleet.nodes["eu-central-1"]
+        assert viewer_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 403
+        assert anon_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 401
+        node.refresh_from_db()
+        assert node.state == "active"

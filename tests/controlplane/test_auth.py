@@ -1,0 +1,49 @@
+"""Token auth for automation, session auth for the browser; groups decide who may write."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import Group
+
+from controlplane.fleet.accounts import OPERATORS, VIEWERS, sync_groups
+from tests.controlplane.support import client_for
+
+
+def test_it_accepts_a_valid_token_and_refuses_a_bad_one(operator, fleet) -> None:
+    response = client_for(operator.token).get("/api/v1/nodes/")
+    assert response.status_code == 200
+    assert response.json()["count"] == 6
+    assert client_for("not-a-token").get("/api/v1/nodes/").status_code == 401
+    assert client_for(None).get("/api/v1/nodes/").status_code == 401
+
+
+def test_it_accepts_a_browser_session(client, viewer, fleet) -> None:
+    assert client.get("/api/v1/regions/").status_code in (401, 403)
+    client.force_login(viewer.user)
+    assert client.get("/api/v1/regions/").json()["count"] == 3
+
+
+def test_it_gives_operators_every_fleet_and_policy_permission_and_viewers_only_views(db) -> None:
+    sync_groups()
+    operators = set(
+        Group.objects.get(name=OPERATORS).permissions.values_list("content_type__app_label", "codename")
+    )
+    viewers = set(
+        Group.objects.get(name=VIEWERS).permissions.values_list("content_type__app_label", "codename")
+    )
+    for app, model in [
+        ("fleet", "region"),
+        ("fleet", "model"),
+        ("fleet", "node"),
+        ("policies", "routingpolicy"),
+    ]:
+        for action in ("add", "change", "delete", "view"):
+            assert (app, f"{action}_{model}") in operators
+        assert (app, f"view_{model}") in viewers
+    assert ("policies", "publish_routingpolicy") in operators
+    assert all(codename.startswith("view_") for _, codename in viewers)
+
+
+def test_it_makes_the_groups_in_a_migration(db) -> None:
+    # The test database is built by the migrations; no call to sync_groups here.
+    assert Group.objects.get(name=OPERATORS).permissions.filter(codename="publish_routingpolicy").exists()
+    assert Group.objects.get(name=VIEWERS).permissions.filter(codename="view_node").exists()

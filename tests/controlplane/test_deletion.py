@@ -1,0 +1,71 @@
+"""Deleting what routing still uses is refused with 409 and the reason, in the API and the admin."""
+
+from __future__ import annotations
+
+from controlplane.fleet.models import Model, Region
+from controlplane.policies.models import RoutingPolicy
+
+
+def assert_conflict(response, *words: str) -> None:
+    assert response.status_code == 409, response.content
+    detail = response.json()["detail"]
+    for word in words:
+        assert word in detail
+
+
+def test_it_refuses_to_delete_the_active_policy(operator_client, fleet) -> None:
+    policy = RoutingPolicy.objects.create(name="default")
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 201
+    assert_conflict(operator_client.delete(f"/api/v1/policies/{policy.pk}/"), "active policy")
+    assert RoutingPolicy.objects.filter(pk=policy.pk).exists()
+
+
+def test_it_refuses_to_delete_a_policy_with_history(operator_client, fleet) -> None:
+    old = RoutingPolicy.objects.create(name="old")
+    new = RoutingPolicy.objects.create(name="new")
+    assert operator_client.post(f"/api/v1/policies/{old.pk}/publish/").status_code == 201
+    assert operator_client.post(f"/api/v1/policies/{new.pk}/publish/").status_code == 201
+    assert_conflict(operator_client.delete(f"/api/v1/policies/{old.pk}/"), "1 published version")
+
+
+def test_it_refuses_to_delete_a_region_with_nodes(operator_client, fleet) -> None:
+    region = fleet.regions["us-east"]
+    assert_conflict(operator_client.delete(f"/api/v1/regions/{region.pk}/"), "us-east-1", "us-east-2")
+    assert Region.objects.filter(pk=region.pk).exists()
+
+
+def test_it_refuses_to_delete_a_region_named_in_residency_rules(operator_client, fleet) -> None:
+    region = Region.objects.create(slug="eu-west", name="Dublin", latitude=53.35, longitude=-6.26)
+    RoutingPolicy.objects.create(
+        name="eu", residency=[{"client_region": "eu-central", "node_regions": ["eu-central", "eu-west"]}]
+    )
+    assert_conflict(operator_client.delete(f"/api/v1/regions/{region.pk}/"), "residency", "eu")
+    assert Region.objects.filter(pk=region.pk).exists()
+
+
+def test_it_refuses_to_delete_a_served_model(operator_client, fleet) -> None:
+    assert_conflict(operator_client.delete(f"/api/v1/models/{fleet.model.pk}/"), "served by", "us-east-1")
+    assert Model.objects.filter(pk=fleet.model.pk).exists()
+
+
+def test_it_refuses_to_delete_a_model_in_a_policy_scope(operator_client, fleet) -> None:
+    model = Model.objects.create(name="org/unserved")
+    RoutingPolicy.objects.create(name="scoped").model_scope.add(model)
+    assert_conflict(operator_client.delete(f"/api/v1/models/{model.pk}/"), "model scope of scoped")
+
+
+def test_it_shows_the_same_reasons_in_the_admin(client, operator, fleet) -> None:
+    client.force_login(operator.user)
+    region = fleet.regions["us-east"]
+    page = client.get(f"/admin/fleet/region/{region.pk}/delete/")
+    assert page.status_code == 200
+    assert "still has nodes" in page.content.decode()
+    response = client.post(f"/admin/fleet/region/{region.pk}/delete/", {"post": "yes"})
+    assert response.status_code in (200, 403)
+    assert Region.objects.filter(pk=region.pk).exists()
+    model = fleet.model
+    bulk = client.post(
+        "/admin/fleet/model/", {"action": "delete_selected", "_selected_action": [model.pk], "post": "yes"}
+    )
+    assert bulk.status_code == 200
+    assert Model.objects.filter(pk=model.pk).exists()
