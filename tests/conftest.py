@@ -96,14 +96,15 @@ class ProcessGroup:
         """Start ``argv`` and wait until ``ready_url`` answers 2xx or ``ready_text`` is in its log."""
         log_path = self.directory / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **(env or {})}
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=full_env,
-            stdout=log_path.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with log_path.open("wb") as log_file:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=full_env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         process = Process(name=name, popen=popen, log_path=log_path)
         self.processes[name] = process
         deadline = time.monotonic() + timeout_s

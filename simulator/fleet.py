@@ -1,0 +1,118 @@
+"""In-process API over a whole emulated fleet, for tests, benchmarks and the CLI.
+
+    async with Fleet.start(topology, auto_ports=True, engine_overrides={"prefill_tokens_per_s": 10_000}) as fleet:
+        url = fleet.url("us-east-1")
+        fleet.node("us-east-1").engine.pool.usage   # inspect the engine
+        await fleet.stop_node("us-east-1")          # crash: connections in flight are cut
+        await fleet.start_node("us-east-1")         # restart on the same port, empty cache
+
+All nodes share the caller's event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from simulator.server import SimNode
+from simulator.topology import Topology, TopologyError
+
+
+class Fleet:
+    """The emulated nodes of a topology (all of them, or ``only`` some), served on loopback."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        host: str | None = None,
+        auto_ports: bool = False,
+        port_offset: int = 0,
+        only: Iterable[str] | None = None,
+        engine_overrides: Mapping[str, Any] | None = None,
+        node_engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.topology = topology
+        self.auto_ports = auto_ports
+        self._host = host
+        self._port_offset = port_offset
+        names = [node.name for node in topology.nodes]
+        selected = list(only) if only is not None else names
+        unknown = sorted(set(selected) - set(names))
+        if unknown:
+            raise TopologyError(f"unknown node(s) {unknown}; the topology has {names}")
+        unknown = sorted(set(node_engine_overrides or {}) - set(names))
+        if unknown:
+            raise TopologyError(f"engine overrides for unknown node(s) {unknown}")
+        self.nodes: dict[str, SimNode] = {}
+        for spec in topology.nodes:
+            if spec.name not in selected:
+                continue
+            params = spec.engine.with_overrides(engine_overrides).with_overrides(
+                (node_engine_overrides or {}).get(spec.name)
+            )
+            self.nodes[spec.name] = SimNode(
+                dataclasses.replace(spec, engine=params), topology, time_scale=time_scale
+            )
+
+    @classmethod
+    def start(cls, topology: Topology, **options: Any) -> Fleet:
+        """A fleet to use as ``async with Fleet.start(...) as fleet`` (options as ``Fleet(...)``)."""
+        return cls(topology, **options)
+
+    async def __aenter__(self) -> Fleet:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Start every node; if one cannot bind, stop the ones already started and raise."""
+        try:
+            for name in self.nodes:
+                await self.start_node(name)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        for node in self.nodes.values():
+            await node.stop()
+
+    # ------------------------------------------------------------------ access
+
+    def node(self, name: str) -> SimNode:
+        return self.nodes[name]
+
+    def url(self, name: str) -> str:
+        return self.nodes[name].url
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {name: node.url for name, node in self.nodes.items()}
+
+    def in_region(self, region: str) -> list[SimNode]:
+        return [node for node in self.nodes.values() if node.region == region]
+
+    # ------------------------------------------------------------------ failure emulation
+
+    async def stop_node(self, name: str) -> None:
+        """Emulate a crash: the engine dies, connections in flight are cut, the port closes."""
+        await self.nodes[name].stop()
+
+    async def start_node(self, name: str) -> None:
+        """(Re)start a node: same port as before, fresh engine, empty KV cache, zeroed counters."""
+        node = self.nodes[name]
+        if node.bound_port is not None:
+            port = node.bound_port  # a restart keeps its port, even an auto-assigned one
+        else:
+            port = 0 if self.auto_ports else node.spec.port + self._port_offset
+        await node.start(self._host or node.spec.host, port)

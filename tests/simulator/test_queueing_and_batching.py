@@ -1,0 +1,106 @@
+"""Continuous batching: a full batch makes requests wait, so TTFT rises with load; preemption recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from simulator.engine import Engine
+from simulator.metrics import NodeMetrics
+from simulator.topology import EngineParams
+from tests.simulator.conftest import FleetFactory, chat_body
+from tests.simulator.test_metrics_exposition import key, scrape
+
+STEP_MS = 10.0
+TOKENS = 5
+
+
+async def ttft_ms(http: httpx.AsyncClient, url: str, text: str) -> float:
+    body = chat_body(text, max_tokens=TOKENS, ignore_eos=True, stream=True)
+    started = time.perf_counter()
+    first_ms: float | None = None
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if first_ms is None and '"content":"' in line and '"content":""' not in line:
+                first_ms = (time.perf_counter() - started) * 1000.0
+    assert first_ms is not None, "no content token"
+    return first_ms
+
+
+async def test_it_queues_requests_beyond_max_num_seqs_so_ttft_rises(
+    make_fleet: FleetFactory, http: httpx.AsyncClient
+) -> None:
+    fleet = await make_fleet(max_num_seqs=1, decode_step_base_ms=STEP_MS)
+    url = fleet.url("node-a")
+    engine = fleet.node("node-a").engine
+    assert engine is not None
+
+    tasks = [asyncio.create_task(ttft_ms(http, url, f"Question number {i}?")) for i in range(4)]
+    for _ in range(200):  # observe the queue while it exists (bounded: at most ~2 s)
+        if engine.waiting:
+            break
+        await asyncio.sleep(0.01)
+    waiting_seen = len(engine.waiting)
+    samples_during = await scrape(http, url)
+    ttfts = sorted(await asyncio.gather(*tasks))
+
+    assert waiting_seen >= 1
+    assert samples_during[key("vllm:num_requests_running")] == 1
+    # One sequence at a time: each request waits for the previous one's TOKENS steps.
+    for rank, value in enumerate(ttfts):
+        assert value >= rank * TOKENS * STEP_MS * 0.9, ttfts
+    after = await scrape(http, url)
+    assert after[key("vllm:request_queue_time_seconds_sum")] >= 6 * TOKENS * STEP_MS / 1000 * 0.9
+
+
+async def test_it_batches_concurrent_requests_when_there_is_room(
+    make_fleet: FleetFactory, http: httpx.AsyncClient
+) -> None:
+    fleet = await make_fleet(max_num_seqs=8, decode_step_base_ms=STEP_MS)
+    url = fleet.url("node-a")
+    engine = fleet.node("node-a").engine
+    assert engine is not None
+    await asyncio.gather(*(ttft_ms(http, url, f"Batch question {i}?") for i in range(4)))
+    after = await scrape(http, url)
+    # Four requests of TOKENS tokens in far fewer than 4 * TOKENS steps: they shared steps.
+    assert engine.steps < 4 * TOKENS
+    assert after[key("vllm:request_queue_time_seconds_sum")] < 4 * TOKENS * STEP_MS / 1000
+
+
+async def test_it_preempts_when_the_kv_cache_runs_out_and_still_finishes_everything() -> None:
+    params = EngineParams(
+        max_model_len=64,
+        kv_capacity_blocks=8,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        prefill_tokens_per_s=1_000_000.0,
+        decode_step_base_ms=0.5,
+        decode_per_seq_ms=0.0,
+    )
+    metrics = NodeMetrics("m", max_model_len=64, block_size=16, num_gpu_blocks=8)
+    engine = Engine(params, metrics)
+    engine.start()
+    try:
+        # Four requests that each grow to 3 blocks cannot all fit in 8 blocks at once.
+        requests = [
+            engine.add_request(f"r{i}", [i + 1] * 17, max_tokens=30, ignore_eos=True) for i in range(4)
+        ]
+
+        async def drain(request) -> int:  # type: ignore[no-untyped-def]
+            count = 0
+            while True:
+                event = await request.channel.get()
+                count += 1
+                if event.finish_reason is not None:
+                    assert event.finish_reason == "length"
+                    return count
+
+        counts = await asyncio.wait_for(asyncio.gather(*(drain(r) for r in requests)), timeout=20)
+    finally:
+        await engine.stop()
+    assert counts == [30, 30, 30, 30]
+    assert engine.num_preemptions > 0
+    assert engine.pool.num_used == 0
