@@ -158,3 +158,69 @@ def pytest_runtest_makereport(item, call):
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A control plane running as a real ASGI process on its own SQLite file database."""
+
+    url: str
+    token: str
+    env: dict[str, str]
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.url}/api/v1", headers={"Authorization": f"Token {self.token}"}, timeout=10.0
+        )
+
+    def manage(self, *args: str) -> str:
+        """Run a manage.py command against this control plane's database; return its stdout."""
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+
+@pytest.fixture
+def control_plane(
+    processes: ProcessGroup, tmp_path: Path, redis_url: str, redis_keys: RedisKeys
+) -> ControlPlane:
+    """Migrate a fresh database, create an operator, and serve the control plane with uvicorn.
+
+    Every process the test starts through ``processes`` shares this Redis namespace.
+    """
+    env = {
+        "DEBUG": "true",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'controlplane.sqlite3'}",
+        "REDIS_URL": redis_url,
+        "GORGO_REDIS_PREFIX": redis_keys.prefix,
+    }
+    processes.env.update(env)
+    port = free_port()
+    plane = ControlPlane(url=f"http://127.0.0.1:{port}", token="", env=env)
+    plane.manage("migrate", "--no-input", "-v", "0")
+    token = plane.manage(
+        "createoperator", "--username", "e2e", "--password", "e2e-operator-pw", "-v", "0"
+    ).strip()
+    processes.start(
+        "web",
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        ready_url=f"{plane.url}/admin/login/",
+    )
+    return ControlPlane(url=plane.url, token=token, env=env)
