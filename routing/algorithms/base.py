@@ -48,6 +48,7 @@ class RoutingView:
     live: Mapping[int, NodeLiveState] = field(default_factory=dict)
     matched_tokens: Mapping[int, int] = field(default_factory=dict)  # node id -> cached prefix est.
     sequence: int = 0  # a per-gateway request counter (round robin)
+    gateway_id: str = ""  # this gateway; lets cost ties spread differently on each gateway (gorgo)
 
     def load_of(self, node_id: int) -> NodeLoad:
         return self.load.get(node_id, _NO_LOAD)

@@ -1,0 +1,625 @@
+"""Gateway overhead: direct to a no-delay mock OpenAI backend vs through a gateway, in one run.
+
+    python benchmarks/gateway_overhead.py            # from the repo root; ~1-2 minutes, bounded
+
+Targets (each a real process on 127.0.0.1, all sending to the same mock backend):
+- ``direct``: the mock itself (the baseline every "added" figure is relative to);
+- ``gorgo``: ``python -m routing`` with a real policy snapshot published to Redis (4 nodes,
+  ``least_load`` unless ``--algorithm``) and the request log on;
+- ``vllm-router``: the Rust vLLM router (``pip install vllm-router``), when installed;
+- ``asgi+aiohttp`` / ``asgi+httpx``: the smallest possible raw-ASGI proxy on the same uvicorn
+  (uvloop, httptools) with each upstream client: the measurement behind the gateway's choice.
+
+Per target: ``p50_ms_c1``/``p99_ms_c1`` (non-streaming chat completion, one client, keep-alive),
+``rps_c32`` (wrk, 32 connections, one thread; a Python client when wrk is missing) and
+``stream_ttfb_p50_ms_c8`` (8 concurrent streaming clients: request sent -> first SSE ``data:``).
+Writes benchmarks/results/gateway_overhead.{json,md}.
+
+The mock backend and the minimal proxies live in benchmarks/overhead_servers.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from overhead_servers import MODEL  # this directory is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SERVERS = str(ROOT / "benchmarks" / "overhead_servers.py")
+CHAT_BODY = json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}], "max_tokens": 8}
+).encode()
+STREAM_BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello in one word."}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+).encode()
+BUDGET = {
+    "added_p50_ms_c1": 0.4,
+    "added_p99_ms_c1": 1.0,
+    "rps_c32": 4000.0,
+    "added_stream_ttfb_p50_ms_c8": 2.0,
+}
+
+# ---- load generation -------------------------------------------------------------------------
+
+
+def _request_bytes(port: int, body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (port, len(body), body)
+    )
+
+
+def _read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, bytearray]:
+    """Read one HTTP/1.1 response (content-length or chunked) from a blocking socket."""
+    while b"\r\n\r\n" not in buffer:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        buffer += data
+    head_end = buffer.index(b"\r\n\r\n") + 4
+    head = bytes(buffer[:head_end]).lower()
+    status = int(head[9:12])
+    match = re.search(rb"content-length: *(\d+)", head)
+    if match:
+        end = head_end + int(match.group(1))
+        while len(buffer) < end:
+            buffer += sock.recv(65536)
+    else:
+        while not buffer.endswith(b"0\r\n\r\n"):
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            buffer += data
+        end = len(buffer)
+    return status, buffer[end:]
+
+
+def latency_c1(port: int, requests: int, warmup: int) -> list[float]:
+    """Sequential non-streaming requests on one keep-alive connection; milliseconds each."""
+    payload = _request_bytes(port, CHAT_BODY)
+    samples: list[float] = []
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffer = bytearray()
+        for index in range(warmup + requests):
+            start = time.perf_counter()
+            sock.sendall(payload)
+            status, buffer = _read_response(sock, buffer)
+            elapsed_ms = (time.perf_counter() - start) * 1000
+            if status != 200:
+                raise RuntimeError(f"status {status} from port {port}")
+            if index >= warmup:
+                samples.append(elapsed_ms)
+    return samples
+
+
+async def _stream_worker(port: int, count: int, samples: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = _request_bytes(port, STREAM_BODY)
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            writer.write(payload)
+            data = b""
+            while b"data:" not in data:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    raise ConnectionError("closed")
+                data += chunk
+            samples.append((time.perf_counter() - start) * 1000)
+            if not data.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"stream status {data[:20]!r}")
+            while not data.endswith(b"0\r\n\r\n"):
+                chunk = await reader.read(65536)
+                if not chunk:
+                    raise ConnectionError("closed")
+                data += chunk
+    finally:
+        writer.close()
+
+
+async def stream_ttfb(port: int, concurrency: int, per_client: int, warmup: int) -> list[float]:
+    """``concurrency`` clients each streaming ``per_client`` chat completions; TTFB (ms) of each."""
+    await asyncio.gather(*(_stream_worker(port, warmup, []) for _ in range(concurrency)))
+    samples: list[float] = []
+    await asyncio.gather(*(_stream_worker(port, per_client, samples) for _ in range(concurrency)))
+    return samples
+
+
+def throughput_c32(port: int, duration_s: float) -> tuple[float, str]:
+    """Requests per second at 32 connections: wrk if installed, else a Python client."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return _python_throughput(port, 32, duration_s), "python"
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(
+            'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+            f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
+        )
+    try:
+        result = subprocess.run(
+            [
+                wrk,
+                "-t1",
+                "-c32",
+                f"-d{duration_s:g}s",
+                "-s",
+                script.name,
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=duration_s + 30,
+            check=True,
+        )
+    finally:
+        os.unlink(script.name)
+    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
+        raise RuntimeError(f"wrk saw errors on port {port}:\n{result.stdout}")
+    match = re.search(r"Requests/sec:\s+([\d.]+)", result.stdout)
+    if not match:
+        raise RuntimeError(f"cannot read wrk output:\n{result.stdout}")
+    return float(match.group(1)), "wrk -t1 -c32"
+
+
+def _python_throughput(port: int, concurrency: int, duration_s: float) -> float:
+    async def worker(deadline: float, counts: list[int]) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        payload = _request_bytes(port, CHAT_BODY)
+        while time.perf_counter() < deadline:
+            writer.write(payload)
+            data = b""
+            while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + int(
+                re.search(rb"content-length: *(\d+)", data.lower()).group(1)  # type: ignore[union-attr]
+            ):
+                data += await reader.read(65536)
+            counts[0] += 1
+        writer.close()
+
+    async def run() -> float:
+        counts = [0]
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(start + duration_s, counts) for _ in range(concurrency)))
+        return counts[0] / (time.perf_counter() - start)
+
+    return asyncio.run(run())
+
+
+# ---- targets ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    note: str = ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(
+    name: str,
+    argv: list[str],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    port: int | None = None,
+    port_pattern: str | None = None,
+    timeout_s: float = 30.0,
+) -> Target:
+    """Start a process and learn its port from its output (or wait for a given port to answer)."""
+    log_path = workdir / f"{name.replace('+', '_')}.log"
+    process = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited:\n{log_path.read_text(errors='replace')[-3000:]}")
+        if port_pattern:
+            match = re.search(port_pattern, log_path.read_text(errors="replace"))
+            if match:
+                port = int(match.group(1))
+        if port:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return Target(name, process, port, log_path)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)
+    raise RuntimeError(f"{name} did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+
+
+def _publish_policy(redis_url: str, prefix: str, upstream: str, algorithm: str, version: int = 1) -> None:
+    """Publish a snapshot with four nodes (all served by the mock), as the control plane would."""
+    import redis
+
+    from routing.contract import (
+        PARAMS_BY_ALGORITHM,
+        SCHEMA_VERSION,
+        ModelSpec,
+        NodeSpec,
+        PolicyAnnouncement,
+        PolicySnapshot,
+        PolicySpec,
+        RedisKeys,
+        RegionSpec,
+        encode,
+    )
+
+    keys = RedisKeys(prefix=prefix)
+    nodes = tuple(
+        NodeSpec(
+            id=i,
+            name=f"mock-{i}",
+            region="bench",
+            base_url=upstream,
+            models=(MODEL,),
+            gpu_type="H100",
+            gpu_count=1,
+            max_num_seqs=256,
+            prefill_tokens_per_s=20_000.0,
+            kv_capacity_tokens=1_000_000,
+            state="active",
+        )
+        for i in range(1, 5)
+    )
+    snapshot = PolicySnapshot(
+        schema_version=SCHEMA_VERSION,
+        version=version,
+        checksum=uuid.uuid4().hex,
+        published_at=time.time(),
+        policy=PolicySpec(id=1, name="bench", algorithm=algorithm, params=PARAMS_BY_ALGORITHM[algorithm]()),  # type: ignore[arg-type]
+        regions=(RegionSpec("bench", "Bench", 0.0, 0.0),),
+        models=(ModelSpec(MODEL, 16, 8192),),
+        nodes=nodes,
+    )
+    client = redis.Redis.from_url(redis_url)
+    client.set(keys.policy_current, encode(snapshot))
+    client.publish(
+        keys.policy_channel, encode(PolicyAnnouncement(SCHEMA_VERSION, version, snapshot.checksum))
+    )
+
+
+def _redis_cleanup(redis_url: str, prefix: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    logged = client.xlen(f"{prefix}:requests")
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+    return int(logged)
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
+    latencies = latency_c1(target.port, args.c1_requests, warmup=200)
+    rps, loadgen = throughput_c32(target.port, args.c32_seconds)
+    ttfb = asyncio.run(stream_ttfb(target.port, 8, args.stream_requests // 8, warmup=10))
+    result = {
+        "p50_ms_c1": round(statistics.median(latencies), 4),
+        "p99_ms_c1": round(_percentile(latencies, 0.99), 4),
+        "rps_c32": round(rps, 1),
+        "stream_ttfb_p50_ms_c8": round(statistics.median(ttfb), 4),
+        "samples": {"c1": len(latencies), "stream_c8": len(ttfb)},
+        "loadgen_c32": loadgen,
+    }
+    if target.note:
+        result["note"] = target.note
+    print(f"  {target.name:<14} {result}", flush=True)
+    return result
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for package in ("uvicorn", "uvloop", "httptools", "aiohttp", "httpx", "vllm-router"):
+        try:
+            from importlib.metadata import version
+
+            versions[package] = version(package)
+        except Exception:
+            continue
+    return {
+        "cpu": model or platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def _policy_swap_ms(redis_url: str, prefix: str, upstream: str, algorithm: str, port: int) -> list[float]:
+    """Publish new versions and time until the gateway serves each (polling /healthz)."""
+    samples = []
+    for version in range(2, 7):
+        start = time.perf_counter()
+        _publish_policy(redis_url, prefix, upstream, algorithm, version=version)
+        deadline = start + 5.0
+        while time.perf_counter() < deadline:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            if b'"policy_version":%d' % version in answer:
+                samples.append((time.perf_counter() - start) * 1000)
+                break
+            time.sleep(0.001)
+    return samples
+
+
+def _vllm_router() -> str | None:
+    """The Rust router's launcher, if ``pip install vllm-router`` put it in this environment."""
+    beside_python = Path(sys.executable).parent / "vllm-router"
+    return str(beside_python) if beside_python.exists() else shutil.which("vllm-router")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    python = sys.executable
+    workdir = Path(tempfile.mkdtemp(prefix="gorgo-bench-"))
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    prefixes: list[str] = []
+    results: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    uvicorn_port = r"Uvicorn running on http://127\.0\.0\.1:(\d+)"
+    mock = _start("direct", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
+    upstream = f"http://127.0.0.1:{mock.port}"
+
+    def gorgo(algorithm: str) -> Target:
+        prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
+        prefixes.append(prefix)
+        _publish_policy(redis_url, prefix, upstream, algorithm)
+        target = _start(
+            f"gorgo-{algorithm}",
+            [python, "-m", "routing", "--port", "0", "--region", "bench"],
+            workdir,
+            {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "GORGO_LOG_LEVEL": "info"},
+            port_pattern=uvicorn_port,
+        )
+        target.note = f"policy {algorithm}, 4 nodes, 1 process, request log on"
+        return target
+
+    plan: list[tuple[str, Any]] = [("direct", lambda: mock), ("gorgo", lambda: gorgo(args.algorithm))]
+    for algorithm in args.also_algorithms:
+        plan.append((f"gorgo[{algorithm}]", lambda algorithm=algorithm: gorgo(algorithm)))
+    router = _vllm_router()
+    if router and not args.skip_peers:
+        port = _free_port()
+        argv = [router, "--worker-urls", upstream, "--policy", "round_robin", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--log-level", "warning"]
+        plan.append(
+            ("vllm-router", lambda argv=argv, port=port: _start("vllm-router", argv, workdir, port=port))
+        )
+    if not args.skip_peers:
+        for kind in ("aiohttp", "httpx"):
+            argv = [python, SERVERS, "proxy", kind, "--upstream", upstream]
+            plan.append(
+                (
+                    f"asgi+{kind}",
+                    lambda argv=argv, kind=kind: _start(
+                        f"asgi+{kind}", argv, workdir, port_pattern=uvicorn_port
+                    ),
+                )
+            )
+    try:
+        for name, starter in plan:
+            if args.only and name not in args.only and name != "direct":
+                continue
+            try:
+                target = starter()
+            except Exception as exc:  # a peer that does not start is reported, the run goes on
+                print(f"  {name}: did not start: {exc}", flush=True)
+                results[name] = {"error": f"did not start: {str(exc)[:300]}"}
+                continue
+            target.name = name
+            try:
+                results[name] = measure(target, args)
+                if name == "gorgo":
+                    swaps = _policy_swap_ms(redis_url, prefixes[0], upstream, args.algorithm, target.port)
+                    extras["policy_swap_ms"] = {
+                        "samples": [round(v, 2) for v in swaps],
+                        "max": round(max(swaps), 2),
+                    }
+                    print(f"  policy swap (publish -> served): {extras['policy_swap_ms']}", flush=True)
+            except Exception as exc:  # a peer that fails is reported, the run goes on
+                print(f"  {name}: failed: {exc}", flush=True)
+                results[name] = {"error": str(exc)[:500]}
+            finally:
+                if target is not mock:
+                    target.stop()
+    finally:
+        mock.stop()
+    if any("error" in figures for figures in results.values()):
+        print(f"  process logs kept in {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    logged = 0
+    for prefix in prefixes:
+        try:
+            logged += _redis_cleanup(redis_url, prefix)
+        except Exception:
+            pass
+    return {"results": results, "request_log_records": logged, "extras": extras}
+
+
+def _added(targets: dict[str, Any]) -> dict[str, Any]:
+    direct = targets.get("direct", {})
+    added: dict[str, Any] = {}
+    for name, figures in targets.items():
+        if name == "direct" or "error" in figures or "error" in direct:
+            continue
+        added[name] = {
+            "added_p50_ms_c1": round(figures["p50_ms_c1"] - direct["p50_ms_c1"], 4),
+            "added_p99_ms_c1": round(figures["p99_ms_c1"] - direct["p99_ms_c1"], 4),
+            "added_stream_ttfb_p50_ms_c8": round(
+                figures["stream_ttfb_p50_ms_c8"] - direct["stream_ttfb_p50_ms_c8"], 4
+            ),
+        }
+    return added
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    targets, added = report["targets"], report["added"]
+    lines = [
+        "# Gateway overhead",
+        "",
+        f"Generated by `python benchmarks/gateway_overhead.py` on {report['generated_at']}; "
+        f"{report['machine']['cpus']} CPUs ({report['machine']['cpu']}), Python {report['machine']['python']}. "
+        "No-delay mock OpenAI backend; all targets measured in the same run.",
+        "",
+        "| target | p50 c1 (ms) | p99 c1 (ms) | added p50 / p99 c1 (ms) | req/s c32 | stream TTFB p50 c8 (ms) | added TTFB (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, figures in targets.items():
+        if "error" in figures:
+            lines.append(f"| {name} | failed: {figures['error'][:80]} | | | | | |")
+            continue
+        extra = added.get(name)
+        added_c1 = f"{extra['added_p50_ms_c1']:+.3f} / {extra['added_p99_ms_c1']:+.3f}" if extra else "-"
+        added_ttfb = f"{extra['added_stream_ttfb_p50_ms_c8']:+.3f}" if extra else "-"
+        lines.append(
+            f"| {name} | {figures['p50_ms_c1']:.3f} | {figures['p99_ms_c1']:.3f} | {added_c1} | "
+            f"{figures['rps_c32']:,.0f} | {figures['stream_ttfb_p50_ms_c8']:.3f} | {added_ttfb} |"
+        )
+    budget = report["budget"]
+    lines += [
+        "",
+        f"Budget for gorgo (issue 4): added p50 ≤ {budget['limits']['added_p50_ms_c1']} ms and p99 ≤ "
+        f"{budget['limits']['added_p99_ms_c1']} ms at c1, ≥ {budget['limits']['rps_c32']:,.0f} req/s at c32, "
+        f"added stream TTFB p50 ≤ {budget['limits']['added_stream_ttfb_p50_ms_c8']} ms at c8: "
+        f"**{'met' if budget['met'] else 'NOT met'}** {budget['checks']}.",
+        "",
+        f"gorgo ran with {report['gorgo_setup']}; the request stream received {report['request_log_records']:,} records.",
+    ]
+    swap = report.get("policy_swap_ms")
+    if swap:
+        lines.append(
+            f"Policy swap, PUBLISH to the new version being served: {', '.join(f'{v:g}' for v in swap['samples'])} ms."
+        )
+    lines += [
+        "",
+        "The machine is shared: other processes may run during a run, so repeat runs vary by ~10-20 %;",
+        "compare targets within one run, not across runs.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--algorithm", default="gorgo", help="policy algorithm of the gorgo target (default gorgo)"
+    )
+    parser.add_argument(
+        "--also-algorithms",
+        nargs="*",
+        default=["least_load"],
+        help="extra gorgo targets with these policy algorithms (default least_load)",
+    )
+    parser.add_argument("--c1-requests", type=int, default=3000, help="timed requests at concurrency 1")
+    parser.add_argument("--c32-seconds", type=float, default=5.0, help="wrk duration at concurrency 32")
+    parser.add_argument(
+        "--stream-requests", type=int, default=1600, help="streaming requests at concurrency 8"
+    )
+    parser.add_argument("--only", nargs="*", help="measure only these targets (direct always runs)")
+    parser.add_argument("--skip-peers", action="store_true", help="direct and gorgo only")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    print("gateway overhead benchmark (bounded: about 10 s per target)", flush=True)
+    outcome = run(args)
+    targets = outcome["results"]
+    added = _added(targets)
+    gorgo, gorgo_added = targets.get("gorgo", {}), added.get("gorgo", {})
+    checks = {}
+    if gorgo_added:
+        checks = {
+            "added_p50_ms_c1": gorgo_added["added_p50_ms_c1"] <= BUDGET["added_p50_ms_c1"],
+            "added_p99_ms_c1": gorgo_added["added_p99_ms_c1"] <= BUDGET["added_p99_ms_c1"],
+            "rps_c32": gorgo["rps_c32"] >= BUDGET["rps_c32"],
+            "added_stream_ttfb_p50_ms_c8": gorgo_added["added_stream_ttfb_p50_ms_c8"]
+            <= BUDGET["added_stream_ttfb_p50_ms_c8"],
+        }
+    report = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": _machine(),
+        "method": {
+            "c1": f"{args.c1_requests} sequential non-streaming chat completions on one keep-alive connection (after 200 warm-up)",
+            "c32": f"{args.c32_seconds:g} s, 32 connections",
+            "stream_c8": f"{args.stream_requests} streaming chat completions from 8 concurrent clients; TTFB = request sent -> first 'data:' byte",
+        },
+        "gorgo_setup": f"policy algorithm {args.algorithm}, 4 nodes, 1 worker, request log on",
+        "policy_swap_ms": outcome["extras"].get("policy_swap_ms"),
+        "targets": targets,
+        "added": added,
+        "budget": {"limits": BUDGET, "checks": checks, "met": bool(checks) and all(checks.values())},
+        "request_log_records": outcome["request_log_records"],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gateway_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "gateway_overhead.md").write_text(_markdown(report))
+    print(_markdown(report))
+    return 0 if report["budget"]["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""GORGO: send each request where its estimated time to first token is lowest.
+
+For every candidate node n (docs/routing.md has the derivation and the defaults)::
+
+    ttft_ms(n) = w_rtt * rtt_ms(n) + w_queue * queue_ms(n) + prefill_ms(n)
+    prefill_ms(n) = uncached_tokens(n) / prefill_tokens_per_s(n) * 1000
+    uncached_tokens(n) = prompt_tokens_est - matched_tokens(n)
+    queue_ms(n) = (outstanding_prefill_tokens(n) * (1 + s(n)) + uncached_tokens(n) * s(n))
+                  / prefill_tokens_per_s(n) * 1000
+    s(n) = DECODE_SLOWDOWN_AT_FULL_BATCH * running(n) / max_num_seqs(n)
+
+- ``rtt_ms``: the measured round trip from this gateway's region (``params.default_rtt_ms`` when
+  there is no measurement yet). One round trip: the request goes out, the first token comes back.
+- ``outstanding_prefill_tokens``: prompt tokens this gateway and its peers sent to n that have not
+  produced a first token yet (prefill still ahead of a new request in vLLM's FCFS queue).
+- ``running``: sequences on n: the larger of the requests the gateways have outstanding there and
+  the node's scraped ``num_running + num_waiting`` (traffic that did not come through gorgo).
+  Every running sequence takes a slice of each engine step, so prefill runs slower on a busy node;
+  ``s`` models that as a proportional slowdown, charged to the queue term.
+- ``matched_tokens``: what the prefix index believes n holds of this prompt.
+
+The cheapest node wins. Costs within ``TIE_BAND_REL`` (+``TIE_BAND_MS``) of the cheapest are
+ties (the estimate is not more precise than that). Between two tied nodes the lower load wins
+(outstanding requests, then prefill tokens); among three or more, the lower load of two of them
+drawn by (gateway id, request counter).
+
+Guards (each with a test that fails without it; docs/routing.md explains the mechanisms):
+
+- capacity: a node with ``outstanding_requests >= max_num_seqs * CAPACITY_FACTOR`` is skipped
+  while some node has room (past that, vLLM queues requests behind whole decodes, a wait this cost
+  model does not see).
+- hot prefix (vLLM production-stack #957): a node carrying more than ``HOT_LOAD_FACTOR`` times
+  the mean outstanding requests of the other candidates (+``HOT_LOAD_SLACK_REQUESTS``) gets no
+  cache credit, so a hot prefix spills to, and gets cached on, another node instead of pinning
+  all its traffic to one (consistent hashing with bounded loads, applied to cache affinity).
+- miss snowball (SGLang "death spiral"): misses are placed by RTT and queue, never by cache size;
+  the returned ``uncached_tokens`` is what the gateway should count as the request's outstanding
+  prefill; and the prefix index scales a node's credit by how many of its predicted hits were real
+  (``ApproxPrefixIndex.observe``), so a thrashing node stops attracting "hits" that are misses.
+- herding (Dynamo #589): peer gateways' outstanding work is in the load view (``routing.sharing``);
+  near-equal nodes count as ties and wider ties are split by two random choices per gateway, so
+  gateways deciding on the same slightly stale view spread instead of all picking the same node.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
+from routing.contract import CostTerms, GorgoParams, NodeSpec
+
+CAPACITY_FACTOR = 1.0
+# At a full batch (running == max_num_seqs) a prefill takes this much longer again. vLLM steps mix
+# prefill chunks with one token per decoding sequence; the decode share of a step grows with the
+# batch. 0.25 matches the emulated H100 engine (6.5 ms + 0.06 ms per decoding sequence per step).
+DECODE_SLOWDOWN_AT_FULL_BATCH = 0.25
+HOT_LOAD_FACTOR = 2.0
+HOT_LOAD_SLACK_REQUESTS = 4
+TIE_BAND_REL = 0.05
+TIE_BAND_MS = 2.0
+
+_DEFAULT_PARAMS = GorgoParams()
+_NO_LOAD = NodeLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """Which guards run; all of them in production. Tests switch one off to show what it prevents."""
+
+    capacity: bool = True
+    hot_prefix: bool = True
+    spread_ties: bool = True
+
+
+ALL_GUARDS = Guards()
+
+
+def choose(view: RoutingView, request: RoutingRequest) -> Decision:
+    """Pick the node with the lowest estimated TTFT; the winner's and runner-up's terms come back."""
+    return choose_guarded(view, request, ALL_GUARDS)
+
+
+def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -> Decision:
+    """``choose`` with an explicit set of guards."""
+    params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
+    w_rtt = params.w_rtt
+    w_queue = params.w_queue
+    default_rtt_ms = params.default_rtt_ms
+    prompt_tokens = max(0, request.prompt_tokens_est)
+    candidates = view.candidates
+    load_of = view.load.get
+    rtt_of = view.rtt_ms.get
+    live_of = view.live.get
+    matched_map = view.matched_tokens
+    matched_of = matched_map.get
+
+    others = len(candidates) - 1
+    total_requests = -1
+    if guards.hot_prefix and matched_map and others > 0:
+        total_requests = 0
+        for node in candidates:
+            total_requests += load_of(node.id, _NO_LOAD).outstanding_requests
+
+    rows: list[_Row] = []
+    has_room = False
+    capacity_guard = guards.capacity
+    any_live = bool(view.live)
+    for node in candidates:
+        node_id = node.id
+        load = load_of(node_id, _NO_LOAD)
+        requests = load.outstanding_requests
+        running = requests
+        if any_live:
+            live = live_of(node_id)
+            if live is not None and live.num_running is not None:
+                scraped = live.num_running + (live.num_waiting or 0.0)
+                if scraped > running:
+                    running = scraped
+        max_seqs = node.max_num_seqs
+        if max_seqs < 1:
+            max_seqs = 1
+        full = capacity_guard and requests >= max_seqs * CAPACITY_FACTOR
+        if not full:
+            has_room = True
+
+        matched = matched_of(node_id, 0)
+        if matched:
+            if matched > prompt_tokens:
+                matched = prompt_tokens
+            if (
+                total_requests >= 0
+                and requests
+                > HOT_LOAD_FACTOR * (total_requests - requests) / others + HOT_LOAD_SLACK_REQUESTS
+            ):
+                matched = 0  # too hot to be credited for its cache: let the prefix spread
+        uncached = prompt_tokens - matched
+
+        rate = node.prefill_tokens_per_s
+        ms_per_token = 1000.0 / rate if rate > 0 else 1000.0
+        slowdown = DECODE_SLOWDOWN_AT_FULL_BATCH * running / max_seqs
+        prefill_tokens = load.outstanding_prefill_tokens
+        queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
+        prefill_ms = uncached * ms_per_token
+        rtt_ms = rtt_of(node_id, default_rtt_ms)
+        rows.append(
+            (
+                w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms,
+                requests,
+                prefill_tokens,
+                full,
+                node,
+                rtt_ms,
+                queue_ms,
+                prefill_ms,
+                matched,
+                uncached,
+            )
+        )
+
+    pool = [row for row in rows if not row[_FULL]] if has_room and capacity_guard else rows
+    winner = _pick(pool, guards.spread_ties, view)
+    runner_up = None
+    for row in pool if len(pool) > 1 else rows:
+        if row is not winner and (runner_up is None or row[_TOTAL] < runner_up[_TOTAL]):
+            runner_up = row
+    return Decision(
+        node=winner[_NODE],
+        cost=_terms(winner),
+        runner_up=_terms(runner_up) if runner_up is not None else None,
+    )
+
+
+# One candidate's valuation. A plain tuple: building 64 of them per decision is the hot loop, and
+# a tuple costs a fraction of a class instance.
+_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int]
+_TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE = 0, 1, 2, 3, 4
+
+
+def _terms(row: _Row) -> CostTerms:
+    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached = row
+    return CostTerms(
+        node_id=node.id,
+        total_ms=total_ms,
+        rtt_ms=rtt_ms,
+        queue_ms=queue_ms,
+        prefill_ms=prefill_ms,
+        matched_tokens=matched,
+        uncached_tokens=uncached,
+    )
+
+
+def _pick(pool: list[_Row], spread_ties: bool, view: RoutingView) -> _Row:
+    best_ms = min(row[_TOTAL] for row in pool)
+    if not spread_ties:
+        tied = [row for row in pool if row[_TOTAL] == best_ms]
+        return min(tied, key=_load_key)
+    limit_ms = best_ms + best_ms * TIE_BAND_REL + TIE_BAND_MS
+    tied = [row for row in pool if row[_TOTAL] <= limit_ms]
+    count = len(tied)
+    if count <= 2:
+        return min(tied, key=_load_key)
+    # Power of two choices: the lighter of two tied nodes drawn by (gateway, request counter).
+    # Always taking the lightest node herds every gateway that shares a stale view onto it;
+    # two random choices keep the balance and make those gateways disagree.
+    draw = _mix(_gateway_seed(view.gateway_id) + view.sequence)
+    first = draw % count
+    second = (first + 1 + (draw >> 32) % (count - 1)) % count
+    return min(tied[first], tied[second], key=_load_key)
+
+
+def _load_key(row: _Row) -> tuple[int, int, float]:
+    return row[_REQUESTS], row[_PREFILL_TOKENS], row[_TOTAL]
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser: consecutive counters become unrelated 64-bit draws."""
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return value ^ (value >> 31)
+
+
+@lru_cache(maxsize=64)
+def _gateway_seed(gateway_id: str) -> int:
+    # Stable across processes (unlike hash()), so a gateway's rotation does not change on restart.
+    return zlib.crc32(gateway_id.encode())
+
+
+INFO = AlgorithmInfo(name="gorgo", choose=choose, needs_prefix_matches=True)

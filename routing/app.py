@@ -1,0 +1,247 @@
+"""The gateway's ASGI application: a raw ASGI callable, no framework.
+
+A raw app on uvicorn (uvloop + httptools) with aiohttp as the upstream client was chosen by
+measurement (benchmarks/gateway_overhead.py, docs/gateway.md): a framework's routing, request and
+response objects cost more per request than this gateway's whole routing decision.
+
+Per-process resources (the pooled aiohttp session, the Redis client, the policy store, the request
+log, metrics) are created in the ASGI lifespan and live on ``Gateway.runtime``; nothing is a
+module-level singleton, so tests can run several gateways in one process.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import msgspec
+from redis.asyncio import Redis
+
+from routing.algorithms import REGISTRY
+from routing.algorithms.base import AlgorithmInfo
+from routing.asgi import Receive, Scope, Send, send_response
+from routing.background import run_bounded
+from routing.config import GatewayConfig
+from routing.contract import RedisKeys
+from routing.errors import JSON_CONTENT_TYPE, GatewayError
+from routing.inflight import InFlight
+from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
+from routing.policy_store import PolicyStore, make_redis
+from routing.prefix_index import ApproxPrefixIndex
+from routing.prompt import Endpoint, PrefixIndex
+from routing.proxy import Proxy
+from routing.requestlog import RequestLog
+from routing.sharing import GatewaySharing
+from routing.table import RoutingTable
+
+logger = logging.getLogger("routing.app")
+
+_GC_GEN0_THRESHOLD = 10_000
+_ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+@dataclass(slots=True)
+class Runtime:
+    """What one gateway process holds open while it runs."""
+
+    redis: Redis
+    session: aiohttp.ClientSession
+    store: PolicyStore
+    request_log: RequestLog
+    sharing: GatewaySharing
+    inflight: InFlight
+    metrics: GatewayMetrics
+    proxy: Proxy
+
+
+class Gateway:
+    """The ASGI app. ``runtime`` exists between lifespan startup and shutdown."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: Mapping[str, AlgorithmInfo] = REGISTRY,
+        prefix_index: ApproxPrefixIndex | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
+        self.runtime: Runtime | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    # ---- lifespan ----------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    logger.exception("gateway start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        """Open the per-process clients and load the policy (the gateway starts even without Redis)."""
+        config = self.config
+        keys = RedisKeys(prefix=config.redis_prefix)
+        redis = make_redis(config.redis_url)
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0,  # no pool cap: the nodes' own max_num_seqs is the real limit
+                keepalive_timeout=config.upstream_keepalive_s,
+                ttl_dns_cache=300,
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                sock_connect=config.upstream_connect_timeout_s,
+                sock_read=config.upstream_read_timeout_s,
+            ),
+            auto_decompress=False,  # bytes pass through as the node encoded them
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        index = self.prefix_index
+        store = PolicyStore(
+            redis,
+            keys,
+            config.region,
+            self.registry,
+            live_refresh_interval_s=config.live_refresh_interval_s,
+            on_snapshot=lambda table: _resize_index(index, table),
+        )
+        request_log = RequestLog(
+            redis,
+            keys,
+            maxlen=config.request_log_maxlen,
+            pending_max=config.request_log_pending_max,
+            flush_interval_s=config.request_log_flush_interval_s,
+        )
+        inflight = InFlight()
+        sharing = GatewaySharing(
+            redis,
+            keys,
+            gateway_id=config.gateway_id,
+            region=config.region,
+            index=index,
+            load_source=lambda: (inflight.outstanding_requests(), inflight.outstanding_prefill_tokens()),
+            on_peer_load=inflight.set_peer_load,
+        )
+        metrics = GatewayMetrics()
+        metrics.add_state_collector(
+            StateCollector(
+                inflight,
+                node_names=lambda: (
+                    {node.id: node.name for node in store.table.snapshot.nodes} if store.table else {}
+                ),
+                policy_version=lambda: store.table.version if store.table else None,
+                redis_connected=lambda: store.redis_connected,
+                policy_events=lambda: dict(store.events),
+                request_log=lambda: (request_log.written, request_log.dropped, request_log.pending),
+            )
+        )
+        proxy = Proxy(config, session, store, inflight, request_log, metrics, index)
+        self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
+        await store.start()
+        request_log.start()
+        await sharing.start()
+        # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
+        # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
+        # collection ran every ~18 requests (~4% of CPU, 0.1-0.7 ms pauses). Refcounting frees
+        # nearly everything a request allocates; a higher threshold leaves the collector for
+        # the rare cycles. Freezing moves the start-up objects (modules, clients, the first
+        # table) out of its sight, so the collections that still run stay short.
+        gc.freeze()
+        gc.set_threshold(_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+        logger.info(
+            "gateway %s (region %s) up; policy %s",
+            config.gateway_id,
+            config.region,
+            f"v{store.table.version}" if store.table else "not loaded yet",
+        )
+
+    async def shutdown(self) -> None:
+        runtime, self.runtime = self.runtime, None
+        if runtime is None:
+            return
+        await runtime.store.close()
+        await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
+        await runtime.request_log.close()
+        await runtime.session.close()
+        await runtime.redis.aclose()
+
+    # ---- HTTP --------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        runtime = self.runtime
+        if runtime is None:
+            await _send_error(send, GatewayError(503, "The gateway is starting.", retry_after_s=1))
+            return
+        endpoint = _ENDPOINTS.get(path)
+        method = scope["method"]
+        if endpoint is not None:
+            if method != "POST":
+                await _send_error(send, GatewayError(405, f"{path} accepts POST only."))
+                return
+            await runtime.proxy.handle(scope, receive, send, endpoint)
+            return
+        if method not in ("GET", "HEAD"):
+            if path in ("/v1/models", "/healthz", "/metrics"):
+                await _send_error(send, GatewayError(405, f"{path} accepts GET only."))
+            else:
+                await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
+            return
+        table = runtime.store.table
+        if path == "/v1/models":
+            if table is None:
+                await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
+            else:
+                await send_response(send, 200, table.models_body, [JSON_CONTENT_TYPE])
+        elif path == "/healthz":
+            body = msgspec.json.encode(
+                {
+                    "status": "ok" if table is not None else "no policy",
+                    "region": self.config.region,
+                    "gateway_id": self.config.gateway_id,
+                    "policy_version": table.version if table is not None else None,
+                    "redis_connected": runtime.store.redis_connected,
+                }
+            )
+            await send_response(send, 200 if table is not None else 503, body, [JSON_CONTENT_TYPE])
+        elif path == "/metrics":
+            await send_response(
+                send, 200, runtime.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())]
+            )
+        else:
+            await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
+
+
+async def _send_error(send: Send, error: GatewayError) -> None:
+    await send_response(send, error.status, error.body(), error.headers())
+
+
+def _resize_index(index: PrefixIndex, table: RoutingTable) -> None:
+    """A new snapshot may add, drop or resize nodes, or change the chars-per-token ratio."""
+    index.set_chars_per_token(table.chars_per_token)
+    index.sync_nodes(table.snapshot.nodes)
+
+
+def create_app(config: GatewayConfig | None = None) -> Gateway:
+    """Build a gateway app; without a config, from the environment (uvicorn ``--factory`` entry)."""
+    return Gateway(config if config is not None else GatewayConfig.from_env())

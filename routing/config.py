@@ -1,0 +1,155 @@
+"""Gateway configuration: one frozen dataclass, built once from the environment.
+
+Every setting is an environment variable (``python -m routing`` flags just set them), listed with
+its default in docs/gateway.md. A bad value raises ``ConfigError`` at start, naming the variable,
+instead of surfacing as a confusing failure under load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, get_args
+from urllib.parse import urlsplit, urlunsplit
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+
+
+class ConfigError(ValueError):
+    """An environment variable has a value the gateway cannot run with."""
+
+
+def _mask_url(url: str) -> str:
+    """Hide the password of a ``redis://user:pass@host`` URL (for repr and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything one gateway process needs to know, validated."""
+
+    region: str
+    gateway_id: str
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "gorgo"
+    host: str = "127.0.0.1"
+    port: int = 8100
+    workers: int = 1
+    log_level: LogLevel = "info"
+    max_body_bytes: int = 4 * 1024 * 1024
+    request_log_maxlen: int = 100_000
+    request_log_pending_max: int = 10_000
+    request_log_flush_interval_s: float = 0.05
+    upstream_connect_timeout_s: float = 3.0
+    upstream_read_timeout_s: float = 600.0
+    upstream_keepalive_s: float = 300.0
+    live_refresh_interval_s: float = 1.0
+    node_down_cooldown_s: float = 5.0
+
+    def __repr__(self) -> str:  # the URL may carry a password
+        shown = ", ".join(
+            f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__ if name != "redis_url"
+        )
+        return f"GatewayConfig(redis_url={_mask_url(self.redis_url)!r}, {shown})"
+
+    @property
+    def redis_url_masked(self) -> str:
+        return _mask_url(self.redis_url)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GatewayConfig:
+        """Build and validate the configuration from ``env`` (default: ``os.environ``)."""
+        env = os.environ if env is None else env
+        reader = _EnvReader(env)
+        region = reader.text("GORGO_REGION", "")
+        workers = reader.integer("GORGO_GATEWAY_WORKERS", 1, minimum=1, maximum=256)
+        gateway_id = reader.text("GORGO_GATEWAY_ID", "")
+        if not gateway_id:
+            gateway_id = f"{socket.gethostname()}-{os.getpid()}"
+        elif workers > 1:
+            # Each worker process is a gateway of its own (own in-flight counts, own share of
+            # the load exchange), so each needs its own id.
+            gateway_id = f"{gateway_id}-{os.getpid()}"
+        if not region:
+            raise ConfigError("GORGO_REGION is required: the region this gateway serves (e.g. eu-west)")
+        config = cls(
+            region=region,
+            gateway_id=gateway_id,
+            redis_url=reader.text("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            redis_prefix=reader.text("GORGO_REDIS_PREFIX", "gorgo"),
+            host=reader.text("GORGO_GATEWAY_HOST", "127.0.0.1"),
+            port=reader.integer("GORGO_GATEWAY_PORT", 8100, minimum=0, maximum=65535),
+            workers=workers,
+            log_level=reader.choice("GORGO_LOG_LEVEL", "info", LOG_LEVELS),
+            max_body_bytes=reader.integer("GORGO_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024),
+            request_log_maxlen=reader.integer("GORGO_REQUEST_LOG_MAXLEN", 100_000, minimum=1),
+            request_log_pending_max=reader.integer("GORGO_REQUEST_LOG_PENDING_MAX", 10_000, minimum=1),
+            request_log_flush_interval_s=reader.number(
+                "GORGO_REQUEST_LOG_FLUSH_INTERVAL_S", 0.05, minimum=0.001
+            ),
+            upstream_connect_timeout_s=reader.number("GORGO_UPSTREAM_CONNECT_TIMEOUT_S", 3.0, minimum=0.001),
+            upstream_read_timeout_s=reader.number("GORGO_UPSTREAM_READ_TIMEOUT_S", 600.0, minimum=0.001),
+            upstream_keepalive_s=reader.number("GORGO_UPSTREAM_KEEPALIVE_S", 300.0, minimum=1.0),
+            live_refresh_interval_s=reader.number("GORGO_LIVE_REFRESH_INTERVAL_S", 1.0, minimum=0.05),
+            node_down_cooldown_s=reader.number("GORGO_NODE_DOWN_COOLDOWN_S", 5.0, minimum=0.0),
+        )
+        scheme = urlsplit(config.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"REDIS_URL must start with redis://, rediss:// or unix://, got {scheme!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", config.region):
+            raise ConfigError(
+                f"GORGO_REGION must be a region slug (letters, digits, - and _), got {config.region!r}"
+            )
+        return config
+
+
+@dataclass(frozen=True, slots=True)
+class _EnvReader:
+    """Tiny typed readers: each names the variable in its error."""
+
+    env: Mapping[str, str]
+
+    def text(self, name: str, default: str) -> str:
+        return self.env.get(name, "").strip() or default
+
+    def integer(self, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            raise ConfigError(f"{name} must be {bound}, got {value}")
+        return value
+
+    def number(self, name: str, default: float, *, minimum: float) -> float:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+        if not value >= minimum:  # also rejects NaN
+            raise ConfigError(f"{name} must be >= {minimum}, got {raw}")
+        return value
+
+    def choice(self, name: str, default: LogLevel, choices: tuple[LogLevel, ...]) -> LogLevel:
+        raw = self.env.get(name, "").strip().lower() or default
+        for choice in choices:
+            if raw == choice:
+                return choice
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")

@@ -1,0 +1,105 @@
+"""This gateway's own bookkeeping of the nodes: outstanding work, and nodes that just failed.
+
+Outstanding work per node feeds ``least_load`` and the queue terms of cost-based algorithms. A
+request counts toward its node's outstanding prefill tokens until the first byte comes back (the
+node has finished prefill by then) and toward outstanding requests until it is done.
+
+A node that refused a connection is skipped for a short cool-down (passive health check), so a
+dead node costs one failed connect, not one per request, until the telemetry workers mark it
+unhealthy in the live state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from routing.algorithms.base import NodeLoad
+
+
+class Lease:
+    """One request's claim on a node; ``first_byte`` and ``release`` are idempotent."""
+
+    __slots__ = ("_book", "_open", "_prefill_open", "node_id", "prefill_tokens")
+
+    def __init__(self, book: InFlight, node_id: int, prefill_tokens: int) -> None:
+        self._book = book
+        self.node_id = node_id
+        self.prefill_tokens = prefill_tokens
+        self._prefill_open = True
+        self._open = True
+
+    def first_byte(self) -> None:
+        if self._prefill_open:
+            self._prefill_open = False
+            self._book._add(self.node_id, 0, -self.prefill_tokens)
+
+    def release(self) -> None:
+        if self._open:
+            self._open = False
+            prefill = -self.prefill_tokens if self._prefill_open else 0
+            self._prefill_open = False
+            self._book._add(self.node_id, -1, prefill)
+
+
+class InFlight:
+    """Outstanding requests and prefill tokens per node id, plus peers' load and recent failures."""
+
+    __slots__ = ("_down_until_s", "_peer_load", "_prefill_tokens", "_requests")
+
+    def __init__(self) -> None:
+        self._requests: dict[int, int] = {}
+        self._prefill_tokens: dict[int, int] = {}
+        self._peer_load: Mapping[int, NodeLoad] = {}
+        self._down_until_s: dict[int, float] = {}
+
+    def begin(self, node_id: int, prefill_tokens: int) -> Lease:
+        self._add(node_id, 1, prefill_tokens)
+        return Lease(self, node_id, prefill_tokens)
+
+    def _add(self, node_id: int, requests: int, prefill_tokens: int) -> None:
+        self._requests[node_id] = self._requests.get(node_id, 0) + requests
+        self._prefill_tokens[node_id] = self._prefill_tokens.get(node_id, 0) + prefill_tokens
+
+    def outstanding_requests(self) -> dict[int, int]:
+        return dict(self._requests)
+
+    def outstanding_prefill_tokens(self) -> dict[int, int]:
+        return dict(self._prefill_tokens)
+
+    def set_peer_load(self, load: Mapping[int, NodeLoad]) -> None:
+        """Other gateways' outstanding work (from the shared gateway-load hash), added to ours."""
+        self._peer_load = load
+
+    def load_view(self) -> dict[int, NodeLoad]:
+        """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm."""
+        prefill = self._prefill_tokens
+        view = {
+            node_id: NodeLoad(requests, prefill[node_id])
+            for node_id, requests in self._requests.items()
+            if requests or prefill[node_id]
+        }
+        for node_id, peer in self._peer_load.items():
+            own = view.get(node_id)
+            if own is None:
+                view[node_id] = peer
+            else:
+                view[node_id] = NodeLoad(
+                    own.outstanding_requests + peer.outstanding_requests,
+                    own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
+                )
+        return view
+
+    # ---- passive health -----------------------------------------------------------------
+
+    def mark_down(self, node_id: int, until_s: float) -> None:
+        """Skip ``node_id`` until the monotonic time ``until_s`` (it refused a connection)."""
+        self._down_until_s[node_id] = until_s
+
+    def down_nodes(self, now_s: float) -> frozenset[int]:
+        """Node ids in cool-down at ``now_s``; forgets expired entries."""
+        if not self._down_until_s:
+            return frozenset()
+        for node_id, until_s in list(self._down_until_s.items()):
+            if until_s <= now_s:
+                del self._down_until_s[node_id]
+        return frozenset(self._down_until_s)

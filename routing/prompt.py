@@ -1,0 +1,185 @@
+"""What the gateway reads from a request body, and the prefix-index hook.
+
+The gateway forwards the client's body bytes unchanged; it decodes only the few fields it routes by
+(model, stream, the prompt, ``user``) into small msgspec structs, which skip everything else at C
+speed.
+
+The "prompt text" is a stable rendering of the prompt: for chat, each message's role and content
+in order, so two conversations that share their first turns share a prefix of the text. Prefix
+indexes (``PrefixIndex``) match on that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import msgspec
+
+from routing.contract import NodeSpec
+
+Endpoint = Literal["chat", "completions"]
+
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+
+class ContentPart(msgspec.Struct):
+    """One part of a multi-part chat message; only text parts count toward the prompt."""
+
+    type: str = ""
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str = ""
+    content: str | list[ContentPart] | None = None
+
+
+class ChatBody(msgspec.Struct):
+    """The fields of a ``/v1/chat/completions`` body the gateway routes by."""
+
+    model: str
+    messages: list[ChatMessage]
+    stream: bool | None = None
+    user: str | None = None
+
+
+class CompletionBody(msgspec.Struct):
+    """The fields of a ``/v1/completions`` body the gateway routes by."""
+
+    model: str
+    prompt: str | list[str | int | list[int]]
+    stream: bool | None = None
+    user: str | None = None
+
+
+_chat_decoder = msgspec.json.Decoder(ChatBody)
+_completion_decoder = msgspec.json.Decoder(CompletionBody)
+
+
+class BodyError(ValueError):
+    """The body is not JSON, or lacks (or mistypes) a field the gateway needs."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """The routing-relevant part of one request."""
+
+    model: str
+    stream: bool
+    prompt_text: str
+    prompt_tokens_exact: int | None  # a token-id prompt tells us its length exactly
+    user: str | None
+
+    @property
+    def prompt_chars(self) -> int:
+        return len(self.prompt_text)
+
+    def prompt_tokens_est(self, chars_per_token: float) -> int:
+        if self.prompt_tokens_exact is not None:
+            return self.prompt_tokens_exact
+        return int(len(self.prompt_text) / chars_per_token + 0.5)
+
+
+def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
+    """Decode the routing fields of a request body; raise ``BodyError`` with a client-facing message."""
+    try:
+        if endpoint == "chat":
+            chat = _chat_decoder.decode(body)
+            if not chat.messages:
+                raise BodyError("'messages' must contain at least one message", "messages")
+            parsed = ParsedRequest(
+                chat.model, bool(chat.stream), render_messages(chat.messages), None, chat.user
+            )
+        else:
+            completion = _completion_decoder.decode(body)
+            text, exact = render_prompt(completion.prompt)
+            parsed = ParsedRequest(completion.model, bool(completion.stream), text, exact, completion.user)
+    except msgspec.ValidationError as exc:
+        raise BodyError(_describe_validation(exc), _param_of(exc)) from None
+    except msgspec.DecodeError:
+        raise BodyError("The request body is not valid JSON.") from None
+    if not parsed.model:
+        raise BodyError("'model' must be a non-empty string", "model")
+    return parsed
+
+
+def render_messages(messages: Sequence[ChatMessage]) -> str:
+    """Render chat messages as role-tagged text, in order (a stable prefix for shared history)."""
+    parts: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content if part.text is not None)
+        parts.append(f"<|{message.role}|>\n{content or ''}\n")
+    return "".join(parts)
+
+
+def render_prompt(prompt: str | list[str | int | list[int]]) -> tuple[str, int | None]:
+    """Render a completions prompt; token-id prompts also return their exact token count."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if all(isinstance(item, str) for item in prompt):
+        return "\n".join(prompt), None  # type: ignore[arg-type]
+    ids: list[int] = []
+    for item in prompt:
+        if isinstance(item, int):
+            ids.append(item)
+        elif isinstance(item, list):
+            ids.extend(item)
+        else:
+            raise BodyError("'prompt' mixes text and token ids", "prompt")
+    return " ".join(map(str, ids)), len(ids)
+
+
+def _describe_validation(exc: msgspec.ValidationError) -> str:
+    # msgspec says e.g. "Object missing required field `model`" or "Expected `str`, got `int` -
+    # at `$.model`": precise, and free of internals, so it is safe to show the client.
+    return f"Invalid request body: {exc}"
+
+
+def _param_of(exc: msgspec.ValidationError) -> str | None:
+    text = str(exc)
+    if "at `$." in text:
+        return text.rsplit("at `$.", 1)[1].rstrip("`")
+    if "required field `" in text:
+        return text.rsplit("required field `", 1)[1].rstrip("`")
+    return None
+
+
+class PrefixIndex(Protocol):
+    """Estimates how much of a prompt each node already holds in its KV cache.
+
+    The gateway calls ``match`` before routing and ``insert`` after each decision (both only while
+    the policy's algorithm has ``needs_prefix_matches``), ``observe`` when a node reported how many
+    prompt tokens it had cached, and ``sync_nodes``/``set_chars_per_token`` when a new snapshot
+    arrives. Implementations must be fast and never do I/O in these calls: they run on the
+    request path. ``routing.prefix_index.ApproxPrefixIndex`` is the production implementation.
+    """
+
+    def match(self, node_ids: Sequence[int], prompt_text: str) -> dict[int, int]:
+        """Node id -> estimated cached prefix length in tokens, for the nodes given."""
+        ...
+
+    def insert(self, node_id: int, prompt_text: str) -> None:
+        """Record that ``prompt_text`` was sent to ``node_id`` (its cache will hold it)."""
+        ...
+
+    def observe(
+        self, node_id: int, predicted_fraction: float, observed_fraction: float, now_s: float
+    ) -> None:
+        """Feed back the cached fraction the node reported against the one the index predicted."""
+        ...
+
+    def sync_nodes(self, nodes: Iterable[NodeSpec]) -> None:
+        """The fleet changed: size nodes to their KV capacity, forget nodes that left."""
+        ...
+
+    def set_chars_per_token(self, chars_per_token: float) -> None:
+        """The policy's characters-per-token ratio changed."""
+        ...

@@ -1,0 +1,493 @@
+"""The request path of ``/v1/chat/completions`` and ``/v1/completions``.
+
+Read the body (size-capped), decode the routing fields, look the model up in the current routing
+table, let the policy's algorithm choose among the eligible nodes, forward the client's body bytes
+unchanged over the pooled keep-alive client, and pass the answer back: a stream chunk by chunk as
+it arrives, a plain body in one piece. Then count it and queue its request record.
+
+Failure rules: a node that refuses the connection (or drops it before answering) is retried once on
+another eligible node, and only then does the client get a 502; nothing is retried once a byte went
+to the client. A client that disconnects cancels the upstream request (the node sees the
+connection close and aborts the generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+
+import aiohttp
+
+from routing.algorithms.base import Decision, RoutingRequest, RoutingView
+from routing.asgi import (
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    filter_response_headers,
+    read_body,
+    scan_request_headers,
+    send_response,
+)
+from routing.config import GatewayConfig
+from routing.contract import SCHEMA_VERSION, NodeSpec, RequestRecord
+from routing.errors import GatewayError
+from routing.inflight import InFlight, Lease
+from routing.metrics import NO_NODE, GatewayMetrics
+from routing.policy_store import PolicyStore
+from routing.prompt import BodyError, Endpoint, ParsedRequest, PrefixIndex, parse_body
+from routing.requestlog import RequestLog
+from routing.table import RoutingTable
+from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
+
+logger = logging.getLogger("routing.proxy")
+
+_NO_DOWN: frozenset[int] = frozenset()
+
+
+class _Exchange:
+    """Everything one request accumulates on its way through, for the record and the metrics."""
+
+    __slots__ = (
+        "arrival_s",
+        "bytes_out",
+        "client_gone",
+        "decision",
+        "error",
+        "finished",
+        "lease",
+        "parsed",
+        "prompt_tokens_est",
+        "request_id",
+        "response_started",
+        "routing_s",
+        "sent_s",
+        "status",
+        "stream",
+        "table",
+        "ts",
+        "ttft_s",
+        "usage",
+    )
+
+    def __init__(self, arrival_s: float, ts: float, table: RoutingTable | None) -> None:
+        self.arrival_s = arrival_s
+        self.ts = ts
+        self.table = table
+        self.request_id = ""
+        self.parsed: ParsedRequest | None = None
+        self.prompt_tokens_est = 0
+        self.decision: Decision | None = None
+        self.lease: Lease | None = None
+        self.routing_s = 0.0
+        self.sent_s: float | None = None
+        self.ttft_s: float | None = None
+        self.status = 0
+        self.stream = False
+        self.bytes_out = 0
+        self.error: str | None = None
+        self.usage: Usage | None = None
+        self.finished = False  # the last byte is on its way: a disconnect now is not the client leaving
+        self.client_gone = False
+        self.response_started = False
+
+
+class Proxy:
+    """Routes and forwards the OpenAI inference endpoints."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        session: aiohttp.ClientSession,
+        store: PolicyStore,
+        inflight: InFlight,
+        request_log: RequestLog,
+        metrics: GatewayMetrics,
+        prefix_index: PrefixIndex,
+    ) -> None:
+        self._config = config
+        self._session = session
+        self._store = store
+        self._inflight = inflight
+        self._request_log = request_log
+        self._metrics = metrics
+        self._prefix_index = prefix_index
+        self._region = config.region
+        self._gateway_id = config.gateway_id
+        self._max_body_bytes = config.max_body_bytes
+        self._sequence = 0
+        self._id_prefix = f"gw-{os.urandom(4).hex()}-"
+        self._ids = itertools.count(1)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
+        task = asyncio.current_task()
+        watch: DisconnectWatch | None = None
+        try:
+            try:
+                table = exchange.table
+                session_header = table.session_header if table is not None else None
+                headers, client_request_id, content_length, session_key = scan_request_headers(
+                    scope["headers"], session_header
+                )
+                exchange.request_id = client_request_id or f"{self._id_prefix}{next(self._ids):x}"
+                headers.append(("X-Request-Id", exchange.request_id))
+                headers.append(("X-Gorgo-Region", self._region))
+                body = await read_body(receive, content_length, self._max_body_bytes)
+                if table is None:
+                    raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
+                try:
+                    parsed = parse_body(endpoint, body)
+                except BodyError as exc:
+                    raise GatewayError(400, str(exc), param=exc.param) from None
+                exchange.parsed = parsed
+                exchange.stream = parsed.stream
+                # From here on the request waits on a node: watch for the client leaving.
+                assert task is not None
+                watch = DisconnectWatch(receive, exchange, task)
+                await self._forward(send, exchange, table, parsed, endpoint, headers, body, session_key)
+            except GatewayError as exc:
+                await self._send_error(send, exchange, exc)
+        except asyncio.CancelledError:
+            if not exchange.client_gone:
+                raise
+            assert task is not None
+            task.uncancel()  # the cancellation was ours (client left), not the server's
+            exchange.status = 499
+            exchange.error = "client disconnected"
+        except ClientGone:
+            exchange.status = 499
+            exchange.error = "client disconnected"
+        except Exception:
+            logger.exception("request %s failed inside the gateway", exchange.request_id)
+            exchange.error = "internal gateway error"
+            if not exchange.response_started:
+                await self._send_error(
+                    send,
+                    exchange,
+                    GatewayError(500, f"Internal gateway error (request id {exchange.request_id})."),
+                )
+            else:
+                exchange.status = exchange.status or 500
+        finally:
+            if watch is not None:
+                watch.stop()
+            if exchange.lease is not None:
+                exchange.lease.release()
+            self._finish(exchange)
+
+    # ---- routing -----------------------------------------------------------------------------
+
+    def _route(
+        self,
+        table: RoutingTable,
+        candidates: tuple[NodeSpec, ...],
+        request: RoutingRequest,
+        prompt_text: str,
+    ) -> Decision:
+        algorithm = table.algorithm
+        # The index is only fed and asked while the policy uses it: a least_load gateway pays
+        # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
+        # and from the other gateways' shared insertions).
+        uses_index = algorithm.needs_prefix_matches
+        matched = (
+            self._prefix_index.match(tuple(node.id for node in candidates), prompt_text) if uses_index else {}
+        )
+        self._sequence += 1
+        view = RoutingView(
+            table.region,
+            candidates,
+            table.snapshot.policy.params,
+            self._inflight.load_view(),
+            table.rtt_ms,
+            table.live,
+            matched,
+            self._sequence,
+            self._gateway_id,
+        )
+        decision = algorithm.choose(view, request)
+        if uses_index:
+            self._prefix_index.insert(decision.node.id, prompt_text)
+        return decision
+
+    def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
+        candidates = table.candidates.get(model)
+        if candidates is None:
+            raise GatewayError(404, f"The model `{model}` does not exist on this gateway.", param="model")
+        down = self._inflight.down_nodes(time.monotonic()) if candidates else _NO_DOWN
+        if down:
+            healthy = tuple(node for node in candidates if node.id not in down)
+            candidates = healthy or candidates  # all recently failed: try anyway rather than refuse
+        if not candidates:
+            excluded = table.excluded.get(model, {})
+            reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(excluded.items()))
+            raise GatewayError(
+                503,
+                f"No eligible node for model `{model}` from region {table.region}"
+                + (f" ({reasons})." if reasons else "."),
+                retry_after_s=5,
+            )
+        return candidates
+
+    # ---- forwarding --------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        send: Send,
+        exchange: _Exchange,
+        table: RoutingTable,
+        parsed: ParsedRequest,
+        endpoint: Endpoint,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        session_key: str | None,
+    ) -> None:
+        candidates = self._candidates(table, parsed.model)
+        prompt_tokens_est = parsed.prompt_tokens_est(table.chars_per_token)
+        exchange.prompt_tokens_est = prompt_tokens_est
+        request = RoutingRequest(
+            parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
+        )
+        routing_start_s = time.perf_counter()
+        decision = self._route(table, candidates, request, parsed.prompt_text)
+        exchange.routing_s = time.perf_counter() - routing_start_s
+        self._metrics.observe_decision(exchange.routing_s)
+        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+
+        response = await self._open(
+            exchange, table, candidates, decision, request, parsed, path, headers, body
+        )
+        try:
+            await self._relay(send, exchange, table, response)
+        finally:
+            response.close()  # a no-op once released; drops the connection if we stopped midway
+
+    async def _open(
+        self,
+        exchange: _Exchange,
+        table: RoutingTable,
+        candidates: tuple[NodeSpec, ...],
+        decision: Decision,
+        request: RoutingRequest,
+        parsed: ParsedRequest,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> aiohttp.ClientResponse:
+        """Send the request to the chosen node; on a connection failure, once more to another."""
+        tried: list[NodeSpec] = []
+        while True:
+            node = decision.node
+            exchange.decision = decision
+            exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
+            exchange.sent_s = time.perf_counter()
+            try:
+                return await self._session.request(
+                    "POST", table.urls[(node.id, path)], data=body, headers=headers
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                kind = "connect"
+                self._inflight.mark_down(node.id, time.monotonic() + self._config.node_down_cooldown_s)
+            except aiohttp.ServerTimeoutError:
+                self._metrics.upstream_error(node.name, "timeout")
+                raise GatewayError(
+                    504, f"Node {node.name} did not answer in time.", node_name=node.name
+                ) from None
+            except aiohttp.ClientConnectionError:
+                kind = "disconnect"
+            except aiohttp.ClientError as exc:
+                self._metrics.upstream_error(node.name, "protocol")
+                logger.warning("node %s sent an unreadable response: %s", node.name, exc)
+                raise GatewayError(
+                    502, f"Node {node.name} sent an invalid response.", node_name=node.name
+                ) from None
+            exchange.lease.release()
+            exchange.lease = None
+            self._metrics.upstream_error(node.name, kind)
+            tried.append(node)
+            remaining = tuple(c for c in candidates if c not in tried)
+            if len(tried) > 1 or not (remaining or kind == "disconnect"):
+                raise GatewayError(
+                    502,
+                    f"Node {node.name} is unreachable"
+                    + (" (and so was the retry)." if len(tried) > 1 else "."),
+                    node_name=node.name,
+                )
+            logger.warning("node %s unreachable (%s); retrying once", node.name, kind)
+            if remaining:
+                decision = self._route(table, remaining, request, parsed.prompt_text)
+            # else: a keep-alive connection the node closed just as we reused it says nothing
+            # about the node; the only candidate gets one more try on a fresh connection.
+
+    async def _relay(
+        self, send: Send, exchange: _Exchange, table: RoutingTable, response: aiohttp.ClientResponse
+    ) -> None:
+        """Pass the node's answer to the client: streams chunk by chunk, bodies in one piece."""
+        assert exchange.decision is not None and exchange.lease is not None and exchange.sent_s is not None
+        node = exchange.decision.node
+        upstream_s = time.perf_counter() - exchange.sent_s
+        exchange.status = status = response.status
+        out_headers = filter_response_headers(response.raw_headers)
+        out_headers += (
+            (b"x-gorgo-node", node.name.encode()),
+            (b"x-gorgo-policy-version", table.version_header),
+            (b"x-request-id", exchange.request_id.encode()),
+            (
+                b"server-timing",
+                f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
+            ),
+        )
+        content = response.content
+        if response.content_type != "text/event-stream":
+            try:
+                data = await response.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                kind = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
+                self._metrics.upstream_error(node.name, kind)
+                raise GatewayError(
+                    504 if kind == "timeout" else 502,
+                    f"The node {node.name} stopped before its answer was complete ({kind}).",
+                    node_name=node.name,
+                ) from None
+            exchange.lease.first_byte()
+            exchange.finished = True
+            exchange.response_started = True
+            await send({"type": "http.response.start", "status": status, "headers": out_headers})
+            exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            exchange.bytes_out = len(data)
+            if status == 200 and "Content-Encoding" not in response.headers:
+                exchange.usage = parse_usage(data)
+            return
+
+        exchange.response_started = True
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        tail = b""
+        bytes_out = 0
+        try:
+            chunk = await content.readany()
+            if chunk:
+                exchange.lease.first_byte()
+                exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+            while chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                bytes_out += len(chunk)
+                tail = (
+                    chunk[-USAGE_TAIL_BYTES:]
+                    if len(chunk) >= USAGE_TAIL_BYTES
+                    else (tail + chunk)[-USAGE_TAIL_BYTES:]
+                )
+                chunk = await content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Mid-stream failure: the status is already sent, so say it in the stream (as vLLM
+            # does for its own errors) and end it; the record keeps the truth.
+            kind = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
+            self._metrics.upstream_error(node.name, kind)
+            exchange.status = 504 if kind == "timeout" else 502
+            exchange.error = f"node {node.name} stream broke ({kind})"
+            event = GatewayError(exchange.status, f"The node {node.name} stopped mid-stream ({kind}).")
+            chunk = b"data: " + event.body() + b"\n\n"
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            bytes_out += len(chunk)
+        exchange.bytes_out = bytes_out
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if status == 200:
+            exchange.usage = parse_stream_usage(tail)
+
+    async def _send_error(self, send: Send, exchange: _Exchange, error: GatewayError) -> None:
+        exchange.status = error.status
+        exchange.error = exchange.error or error.message
+        if error.status >= 500 and error.node_name is not None:
+            exchange.error = f"{error.node_name}: {error.message}"
+        body = error.body()
+        headers = error.headers()
+        if exchange.request_id:
+            headers.append((b"x-request-id", exchange.request_id.encode()))
+        if exchange.table is not None:
+            headers.append((b"x-gorgo-policy-version", exchange.table.version_header))
+        exchange.finished = True
+        exchange.response_started = True
+        await send_response(send, error.status, body, headers)
+        exchange.bytes_out = len(body)
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+
+    def _observe_cache(
+        self,
+        node_id: int,
+        matched_tokens: int,
+        exchange: _Exchange,
+        usage: Usage,
+        details: PromptTokensDetails,
+    ) -> None:
+        """Tell the prefix index how much the node really had cached versus what it predicted."""
+        if not (exchange.prompt_tokens_est and usage.prompt_tokens and details.cached_tokens is not None):
+            return
+        self._prefix_index.observe(
+            node_id,
+            matched_tokens / exchange.prompt_tokens_est,
+            details.cached_tokens / usage.prompt_tokens,
+            time.time(),
+        )
+
+    def _finish(self, exchange: _Exchange) -> None:
+        """Count the request and queue its record; never raises into the request."""
+        try:
+            total_s = time.perf_counter() - exchange.arrival_s
+            decision = exchange.decision
+            node = decision.node if decision is not None else None
+            self._metrics.observe_request(
+                node.name if node is not None else NO_NODE, exchange.status, exchange.ttft_s, total_s
+            )
+            table = exchange.table
+            parsed = exchange.parsed
+            usage = exchange.usage
+            details = usage.prompt_tokens_details if usage is not None else None
+            if details is not None and decision is not None and decision.cost is not None:
+                self._observe_cache(
+                    decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
+                )
+            self._request_log.submit(
+                RequestRecord(
+                    schema_version=SCHEMA_VERSION,
+                    request_id=exchange.request_id,
+                    ts=exchange.ts,
+                    gateway_region=self._region,
+                    gateway_id=self._config.gateway_id,
+                    model=parsed.model if parsed is not None else "",
+                    status=exchange.status,
+                    stream=exchange.stream,
+                    node_id=node.id if node is not None else None,
+                    node_region=node.region if node is not None else None,
+                    algorithm=table.snapshot.policy.algorithm if table is not None else None,
+                    policy_version=table.snapshot.version if table is not None else None,
+                    prompt_chars=parsed.prompt_chars if parsed is not None else 0,
+                    prompt_tokens_est=exchange.prompt_tokens_est,
+                    prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                    cached_tokens=details.cached_tokens if details is not None else None,
+                    completion_tokens=usage.completion_tokens if usage is not None else None,
+                    routing_us=exchange.routing_s * 1e6,
+                    gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
+                    ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
+                    total_ms=total_s * 1000,
+                    bytes_out=exchange.bytes_out,
+                    error=exchange.error,
+                    cost=decision.cost if decision is not None else None,
+                    runner_up=decision.runner_up if decision is not None else None,
+                )
+            )
+        except Exception:
+            logger.exception("could not record request %s", exchange.request_id)
+
+
+def _prefill_tokens(decision: Decision, request: RoutingRequest) -> int:
+    """Prefill the node has to do: what the algorithm found uncached, else the whole prompt."""
+    cost = decision.cost
+    if cost is not None and cost.node_id == decision.node.id:
+        return cost.uncached_tokens
+    return request.prompt_tokens_est

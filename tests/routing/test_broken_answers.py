@@ -1,0 +1,76 @@
+"""A node that breaks off its answer: 502 before the first byte, an SSE error event after it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from routing.contract import RequestRecord, decode
+from tests.routing.support import (
+    MODEL,
+    gateway_config,
+    make_node,
+    make_snapshot,
+    publish,
+    running_gateway,
+    wait_for,
+)
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+EVENT = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+
+
+class BreakingNode(asyncio.Protocol):
+    """Answers with a head and part of a body, then closes the connection."""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        if b'"stream":true' in data.replace(b" ", b""):
+            chunk = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                + chunk * 2
+            )
+        else:
+            self.transport.write(
+                b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{"id": '
+            )
+        asyncio.get_running_loop().call_later(0.05, self.transport.close)
+
+
+async def breaking_node_url() -> tuple[asyncio.Server, str]:
+    server = await asyncio.get_running_loop().create_server(BreakingNode, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+class TestBrokenAnswers:
+    async def test_it_answers_502_for_a_body_cut_short(self, aredis, redis_keys, redis_url):
+        server, url = await breaking_node_url()
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, url, name="flaky"),)))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                response = await gateway.http.post("/v1/chat/completions", json=BODY)
+        finally:
+            server.close()
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["type"] == "BadGatewayError" and "flaky" in error["message"]
+
+    async def test_it_ends_a_broken_stream_with_an_error_event(self, aredis, redis_keys, redis_url):
+        server, url = await breaking_node_url()
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, url, name="flaky"),)))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                response = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+                await wait_for(lambda: aredis.xlen(redis_keys.request_stream))
+        finally:
+            server.close()
+        assert response.status_code == 200  # already sent when the node broke off
+        events = [line for line in response.text.splitlines() if line.startswith("data:")]
+        assert events[:2] == [EVENT.decode().strip()] * 2
+        assert json.loads(events[-1].removeprefix("data: "))["error"]["type"] == "BadGatewayError"
+        (entry,) = await aredis.xrange(redis_keys.request_stream)
+        record = decode(entry[1][b"r"], RequestRecord)
+        assert record.status == 502 and "flaky" in (record.error or "")

@@ -1,0 +1,67 @@
+"""A client that hangs up cancels its request upstream, and the gateway forgets it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from routing.contract import RequestRecord, decode
+from tests.routing.support import (
+    MODEL,
+    gateway_config,
+    make_node,
+    make_snapshot,
+    publish,
+    running_gateway,
+    wait_for,
+)
+
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def records(aredis, keys) -> list[RequestRecord]:
+    return [decode(fields[b"r"], RequestRecord) for _, fields in await aredis.xrange(keys.request_stream)]
+
+
+class TestDisconnect:
+    async def test_it_cancels_the_upstream_stream_when_the_client_leaves(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+        request = {**BODY, "stream": True, "stub": {"chunks": 100, "chunk_delay_s": 0.05}}
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            client = gateway.http
+            async with client.stream("POST", f"{gateway.url}/v1/chat/completions", json=request) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        break  # one event, then hang up
+            await wait_for(lambda: stubs[0].aborted == 1)
+            inflight = gateway.app.runtime.inflight
+            await wait_for(lambda: inflight.outstanding_requests() == {1: 0})
+            await wait_for(lambda: _count(aredis, redis_keys, 1))
+        (record,) = await records(aredis, redis_keys)
+        assert record.status == 499 and record.error == "client disconnected"
+        assert record.ttft_ms is not None
+
+    async def test_it_cancels_a_waiting_request_when_the_client_leaves(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            client = gateway.http
+            slow = {**BODY, "stub": {"delay_s": 1.0}}
+            task = asyncio.create_task(client.post(f"{gateway.url}/v1/chat/completions", json=slow))
+            await wait_for(lambda: stubs[0].seen)
+            await asyncio.sleep(0.1)
+            task.cancel()  # closes the connection mid-request
+            await asyncio.gather(task, return_exceptions=True)
+            await wait_for(lambda: _count(aredis, redis_keys, 1))
+            await wait_for(lambda: stubs[0].aborted == 1, timeout_s=5)
+        (record,) = await records(aredis, redis_keys)
+        assert record.status == 499
+
+
+def _count(aredis, keys, count):
+    async def check():
+        return await aredis.xlen(keys.request_stream) >= count
+
+    return check

@@ -1,0 +1,107 @@
+"""gorgo's cost model: the TTFT estimate, its terms, ties, the runner-up and the capacity guard."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from routing.algorithms import gorgo
+from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
+from routing.contract import SCHEMA_VERSION, GorgoParams, NodeLiveState, NodeSpec
+from tests.routing.support import MODEL, make_node
+
+
+def node(node_id: int, *, region: str = "us-east", **changes: object) -> NodeSpec:
+    return msgspec.structs.replace(make_node(node_id, region=region), **changes)
+
+
+def request(prompt_tokens: int) -> RoutingRequest:
+    return RoutingRequest(model=MODEL, prompt_chars=prompt_tokens * 4, prompt_tokens_est=prompt_tokens)
+
+
+def view(nodes: tuple[NodeSpec, ...], params: GorgoParams | None = None, **fields: object) -> RoutingView:
+    return RoutingView(region="us-east", candidates=nodes, params=params or GorgoParams(), **fields)  # type: ignore[arg-type]
+
+
+def test_it_estimates_ttft_as_rtt_plus_queue_plus_uncached_prefill() -> None:
+    one = node(1, prefill_tokens_per_s=10_000.0, max_num_seqs=256)
+    decision = gorgo.choose(
+        view(
+            (one,),
+            load={1: NodeLoad(outstanding_requests=0, outstanding_prefill_tokens=2_000)},
+            rtt_ms={1: 50.0},
+            matched_tokens={1: 1_000},
+        ),
+        request(3_000),
+    )
+    cost = decision.cost
+    assert cost is not None
+    assert (cost.rtt_ms, cost.queue_ms, cost.prefill_ms) == pytest.approx((50.0, 200.0, 200.0))
+    assert cost.total_ms == pytest.approx(450.0)
+    assert (cost.matched_tokens, cost.uncached_tokens) == (1_000, 2_000)
+    assert decision.runner_up is None
+
+
+def test_it_weights_the_terms_and_slows_prefill_on_a_busy_node() -> None:
+    one = node(1, prefill_tokens_per_s=10_000.0, max_num_seqs=256)
+    params = GorgoParams(w_rtt=2.0, w_queue=0.5)
+    load = {1: NodeLoad(outstanding_requests=128, outstanding_prefill_tokens=2_000)}
+    cost = gorgo.choose(view((one,), params, load=load, rtt_ms={1: 50.0}), request(2_000)).cost
+    assert cost is not None
+    # 128 of 256 slots running: s = 0.25 * 0.5 = 0.125 on the queue ahead and on the own prefill
+    assert cost.queue_ms == pytest.approx((2_000 * 1.125 + 2_000 * 0.125) / 10.0)
+    assert cost.total_ms == pytest.approx(2.0 * 50.0 + 0.5 * cost.queue_ms + 200.0)
+
+
+def test_it_uses_the_default_rtt_for_unmeasured_nodes_and_the_scraped_batch_when_larger() -> None:
+    one = node(1, max_num_seqs=100)
+    live = NodeLiveState(
+        schema_version=SCHEMA_VERSION, node_id=1, healthy=True, updated_at=0.0, num_running=40, num_waiting=10
+    )
+    cost = gorgo.choose(
+        view((one,), GorgoParams(default_rtt_ms=123.0), load={1: NodeLoad(5, 1_000)}, live={1: live}),
+        request(0),
+    ).cost
+    assert cost is not None
+    assert cost.rtt_ms == 123.0
+    assert cost.queue_ms == pytest.approx(1_000 * (1 + 0.25 * 50 / 100) / 10.0)
+
+
+def test_it_trades_a_cache_hit_against_the_round_trip() -> None:
+    local, remote = node(1), node(2, region="ap-south")
+    rtt = {1: 1.5, 2: 235.0}
+    # 8k tokens at 10k tokens/s: 800 ms of prefill saved outweighs 233 ms more round trip ...
+    hit_far = gorgo.choose(view((local, remote), rtt_ms=rtt, matched_tokens={2: 8_000}), request(8_200))
+    assert hit_far.node.id == 2
+    # ... but 1k tokens (100 ms) does not.
+    small_hit_far = gorgo.choose(view((local, remote), rtt_ms=rtt, matched_tokens={2: 1_000}), request(1_200))
+    assert small_hit_far.node.id == 1
+    assert small_hit_far.runner_up is not None and small_hit_far.runner_up.node_id == 2
+
+
+def test_it_sends_ties_and_near_ties_to_the_lower_load() -> None:
+    nodes = (node(1), node(2))
+    load = {1: NodeLoad(3, 0), 2: NodeLoad(1, 0)}
+    assert gorgo.choose(view(nodes, rtt_ms={1: 10.0, 2: 10.0}, load=load), request(500)).node.id == 2
+    # 0.4 ms apart on a ~60 ms estimate is noise, not a reason to load the busier node.
+    assert gorgo.choose(view(nodes, rtt_ms={1: 10.0, 2: 10.4}, load=load), request(500)).node.id == 2
+    # A clear difference is not a tie.
+    assert gorgo.choose(view(nodes, rtt_ms={1: 10.0, 2: 30.0}, load=load), request(500)).node.id == 1
+
+
+def test_it_skips_full_nodes_while_another_has_room() -> None:
+    cached = node(1, max_num_seqs=8)
+    other = node(2, max_num_seqs=8)
+    fields = dict(rtt_ms={1: 1.0, 2: 1.0}, matched_tokens={1: 8_000})
+    room = {1: NodeLoad(7, 0), 2: NodeLoad(2, 0)}
+    assert gorgo.choose(view((cached, other), load=room, **fields), request(8_000)).node.id == 1
+    full = {1: NodeLoad(8, 0), 2: NodeLoad(2, 0)}
+    assert gorgo.choose(view((cached, other), load=full, **fields), request(8_000)).node.id == 2
+    unguarded = gorgo.Guards(capacity=False)
+    assert (
+        gorgo.choose_guarded(view((cached, other), load=full, **fields), request(8_000), unguarded).node.id
+        == 1
+    )
+    # Everyone full: still route (to the cheapest) rather than refuse.
+    all_full = {1: NodeLoad(8, 0), 2: NodeLoad(8, 0)}
+    assert gorgo.choose(view((cached, other), load=all_full, **fields), request(8_000)).node.id == 1

@@ -1,0 +1,228 @@
+"""Sharing prefix insertions and load between gateways through the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from urllib.parse import urlsplit
+
+import pytest
+import redis.asyncio as aioredis
+
+from routing.algorithms.base import NodeLoad
+from routing.contract import SCHEMA_VERSION, GatewayLoad, RedisKeys, encode
+from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
+from routing.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
+from tests.conftest import free_port
+
+FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)
+
+
+def text(seed: str, chunks: int) -> str:
+    return "".join(f"{seed}-{index:06d}-".ljust(CHUNK_BYTES, "x") for index in range(chunks))
+
+
+def no_load() -> tuple[dict[int, int], dict[int, int]]:
+    return {}, {}
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> float:
+    """Wait until ``condition()`` holds; return how long it took (fail after ``timeout_s``)."""
+    start = time.perf_counter()
+    while not condition():
+        assert time.perf_counter() - start < timeout_s, "condition not reached"
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - start
+
+
+@contextlib.asynccontextmanager
+async def running(sharing: GatewaySharing) -> AsyncIterator[GatewaySharing]:
+    await sharing.start()
+    try:
+        yield sharing
+    finally:
+        await sharing.stop()
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    connection = aioredis.Redis.from_url(redis_url)
+    yield connection
+    await connection.aclose()
+
+
+def gateway(
+    client: aioredis.Redis,
+    keys: RedisKeys,
+    name: str,
+    index: ApproxPrefixIndex | None = None,
+    load_source: Callable[[], tuple[Mapping[int, int], Mapping[int, int]]] = no_load,
+    **options: object,
+) -> GatewaySharing:
+    return GatewaySharing(
+        client,
+        keys,
+        gateway_id=name,
+        region="us-east",
+        index=index or ApproxPrefixIndex(),
+        load_source=load_source,
+        **{**FAST, **options},  # type: ignore[arg-type]
+    )
+
+
+async def test_it_shares_prefix_insertions_between_gateways(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    east, west = ApproxPrefixIndex(), ApproxPrefixIndex()
+    prompt_east, prompt_west = text("east", 6), text("west", 4)
+    async with (
+        running(gateway(client, redis_keys, "east", east)) as a,
+        running(gateway(client, redis_keys, "west", west)),
+    ):
+        east.insert(1, prompt_east)
+        west.insert(2, prompt_west)
+        await eventually(lambda: west.match([1], prompt_east) == {1: 6 * CHUNK_BYTES // 4})
+        await eventually(lambda: east.match([2], prompt_west) == {2: 4 * CHUNK_BYTES // 4})
+        assert a.updates_applied == 1  # west's update only: its own are not applied twice
+
+
+async def test_it_warm_starts_a_new_gateway_from_the_stream(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    east = ApproxPrefixIndex()
+    prompt = text("history", 5)
+    async with running(gateway(client, redis_keys, "east", east)) as a:
+        east.insert(3, prompt)
+        await eventually(lambda: a.updates_sent == 1)
+    late = ApproxPrefixIndex()
+    async with running(gateway(client, redis_keys, "late", late)):
+        await eventually(lambda: late.match([3], prompt) == {3: 5 * CHUNK_BYTES // 4})
+
+
+async def test_it_shares_load_and_ignores_stale_and_own_entries(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    now_s = time.time()
+    ghost = GatewayLoad(SCHEMA_VERSION, "ghost", "eu-central", now_s - 10, {1: 100}, {1: 100})
+    dead = GatewayLoad(SCHEMA_VERSION, "dead", "eu-central", now_s - PRUNE_AFTER_S - 5, {1: 100}, {1: 100})
+    await client.hset(redis_keys.gateway_load, mapping={"ghost": encode(ghost), "dead": encode(dead)})
+    pushed: list[Mapping[int, NodeLoad]] = []
+
+    def east_load() -> tuple[dict[int, int], dict[int, int]]:
+        return {1: 3, 2: 0}, {1: 1_200, 2: 0}
+
+    async with (
+        running(gateway(client, redis_keys, "east", load_source=east_load)) as east,
+        running(
+            gateway(
+                client, redis_keys, "west", load_source=lambda: ({1: 2}, {1: 10}), on_peer_load=pushed.append
+            )
+        ) as west,
+    ):
+        await eventually(lambda: west.peer_load.get(1) == NodeLoad(3, 1_200))
+        await eventually(lambda: east.peer_load.get(1) == NodeLoad(2, 10))
+        assert set(west.peer_load) == {1}  # ghost's stale load and east's zero counts are not there
+        await eventually(lambda: bool(pushed))
+        assert pushed[-1] is west.peer_load
+        with pytest.raises(TypeError):
+            west.peer_load[2] = NodeLoad()  # type: ignore[index]
+        assert not await client.hexists(redis_keys.gateway_load, "dead")
+    assert not await client.hexists(redis_keys.gateway_load, "east")  # withdrawn on stop
+
+
+async def test_it_keeps_working_without_redis() -> None:
+    unreachable = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
+    index = ApproxPrefixIndex()
+    sharing = gateway(
+        unreachable, RedisKeys(prefix="gorgotest-unreachable"), "alone", index, lambda: ({1: 1}, {1: 1})
+    )
+    try:
+        async with running(sharing):
+            index.insert(1, text("local", 3))
+            await eventually(lambda: sharing.redis_errors >= 3)
+            assert not sharing.connected
+            assert index.match([1], text("local", 3)) == {1: 3 * CHUNK_BYTES // 4}
+            assert sharing.peer_load == {}
+    finally:
+        await unreachable.aclose()
+
+
+async def test_it_reconnects_when_redis_comes_back(redis_url: str, redis_keys: RedisKeys) -> None:
+    async with _switchable_proxy(redis_url) as (port, switch_on):
+        db = int(urlsplit(redis_url).path.strip("/") or 0)
+        flaky = aioredis.Redis(host="127.0.0.1", port=port, db=db, socket_connect_timeout=0.5)
+        direct = aioredis.Redis.from_url(redis_url)
+        index = ApproxPrefixIndex()
+        try:
+            async with running(
+                gateway(flaky, redis_keys, "flaky", index, lambda: ({7: 5}, {7: 50}))
+            ) as sharing:
+                await eventually(lambda: sharing.redis_errors >= 2)
+                switch_on()
+                async with running(gateway(direct, redis_keys, "peer")) as peer:
+                    await eventually(lambda: peer.peer_load.get(7) == NodeLoad(5, 50), timeout_s=15.0)
+                    await eventually(lambda: sharing.connected)
+        finally:
+            await flaky.aclose()
+            await direct.aclose()
+
+
+def test_it_orders_split_updates_so_a_reader_keeps_the_prefix() -> None:
+    sharing = GatewaySharing(
+        None,  # type: ignore[arg-type]  # building updates needs no Redis
+        RedisKeys(prefix="unused"),
+        gateway_id="east",
+        region="us-east",
+        index=ApproxPrefixIndex(),
+        load_source=no_load,
+    )
+    chain = tuple(range(1, 3_001))
+    updates = sharing.build_updates([(1, chain[:10], 5.0), (1, chain, 6.0), (2, chain[:3], 4.0)])
+    assert [(u.node_id, len(u.chunk_hashes)) for u in updates] == [
+        (1, 3_000 - MAX_HASHES_PER_UPDATE),
+        (1, MAX_HASHES_PER_UPDATE),
+        (2, 3),
+    ]
+    assert updates[0].ts == 6.0
+
+    reader = ApproxPrefixIndex(chars_per_token=4.0)
+    reader.set_capacity(1, 100 * CHUNK_BYTES // 4)
+    for update in updates:
+        reader.apply_remote(update)
+    assert reader.match_hashes(chain, [1], 6.0) == {1: 100 * CHUNK_BYTES // 4}
+
+
+@contextlib.asynccontextmanager
+async def _switchable_proxy(redis_url: str) -> AsyncIterator[tuple[int, Callable[[], None]]]:
+    """A loopback TCP proxy to Redis that drops every connection until switched on."""
+    target = urlsplit(redis_url)
+    enabled = asyncio.Event()
+    pumps: set[asyncio.Task[None]] = set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not enabled.is_set():
+            writer.close()
+            return
+        upstream_reader, upstream_writer = await asyncio.open_connection(target.hostname, target.port or 6379)
+        for task in (pump(reader, upstream_writer), pump(upstream_reader, writer)):
+            pumps.add(asyncio.ensure_future(task))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield port, enabled.set
+    finally:
+        server.close()
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        await server.wait_closed()
