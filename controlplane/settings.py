@@ -112,6 +112,7 @@ INSTALLED_APPS = [
     "channels",
     "controlplane.fleet",
     "controlplane.policies",
+    "telemetry",
 ]
 
 MIDDLEWARE = [
@@ -205,3 +206,55 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# --- Telemetry ---
+# RTT probes, vLLM /metrics scrapes, health hysteresis, request-log aggregation (docs/telemetry.md).
+GORGO_PROBE_INTERVAL_S = envfloat("GORGO_PROBE_INTERVAL_S", 5.0, minimum=0.2)
+GORGO_SCRAPE_INTERVAL_S = envfloat("GORGO_SCRAPE_INTERVAL_S", 5.0, minimum=0.2)
+GORGO_AGGREGATE_INTERVAL_S = envfloat("GORGO_AGGREGATE_INTERVAL_S", 10.0, minimum=0.2)
+GORGO_PRUNE_INTERVAL_S = envfloat("GORGO_PRUNE_INTERVAL_S", 3600.0, minimum=1.0)
+GORGO_PROBE_TIMEOUT_S = envfloat("GORGO_PROBE_TIMEOUT_S", 2.0, minimum=0.05)
+GORGO_SCRAPE_TIMEOUT_S = envfloat("GORGO_SCRAPE_TIMEOUT_S", 3.0, minimum=0.05)
+GORGO_RAW_RETENTION_H = envfloat("GORGO_RAW_RETENTION_H", 24.0, minimum=0.01)
+GORGO_ROLLUP_RETENTION_D = envfloat("GORGO_ROLLUP_RETENTION_D", 30.0, minimum=0.01)
+# A node turns unhealthy after this many consecutive failed probes (or scrapes) ...
+GORGO_HEALTH_FAILURES = envint("GORGO_HEALTH_FAILURES", 3, minimum=1)
+# ... and healthy again after this many consecutive successes of every check.
+GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
+# Probes and scrapes make several requests a second; httpx would log each one at INFO.
+LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
+# One OpenAPI enum for the health values used by several telemetry fields.
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
+# How often the active policy is re-checked against Redis (republished if Redis missed a change).
+GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
+# Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.
+CELERY_TASK_ROUTES = ("telemetry.tasks.route_task",)
+# Each periodic run expires when the next one is due, so a backlog never piles up.
+CELERY_BEAT_SCHEDULE = {
+    "telemetry-probe-fanout": {
+        "task": "telemetry.probe_fanout",
+        "schedule": GORGO_PROBE_INTERVAL_S,
+        "options": {"expires": GORGO_PROBE_INTERVAL_S},
+    },
+    "telemetry-scrape": {
+        "task": "telemetry.scrape_metrics",
+        "schedule": GORGO_SCRAPE_INTERVAL_S,
+        "options": {"expires": GORGO_SCRAPE_INTERVAL_S},
+    },
+    "telemetry-aggregate": {
+        "task": "telemetry.aggregate_requests",
+        "schedule": GORGO_AGGREGATE_INTERVAL_S,
+        "options": {"expires": GORGO_AGGREGATE_INTERVAL_S},
+    },
+    "telemetry-prune": {
+        "task": "telemetry.prune",
+        "schedule": GORGO_PRUNE_INTERVAL_S,
+        "options": {"expires": GORGO_PRUNE_INTERVAL_S},
+    },
+    "policies-reconcile": {
+        "task": "policies.reconcile",
+        "schedule": GORGO_RECONCILE_INTERVAL_S,
+        "options": {"expires": GORGO_RECONCILE_INTERVAL_S},
+    },
+}
+# --- end Telemetry ---

@@ -1,0 +1,119 @@
+"""Read-only telemetry API: live node state, RTT matrix, samples, aggregates, health events."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+from drf_spectacular.utils import extend_schema
+from rest_framework import viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.fleet.models import Node, Region
+from controlplane.policies.publishing import redis_client, redis_keys
+from routing.contract import NodeLiveState, RTTTable
+from telemetry.api.serializers import (
+    HealthEventSerializer,
+    LiveNodeSerializer,
+    MetricSampleSerializer,
+    RequestAggregateSerializer,
+    RTTFromRegionSerializer,
+    RTTMatrixSerializer,
+    RTTSampleSerializer,
+)
+from telemetry.filtersets import (
+    HealthEventFilterSet,
+    MetricSampleFilterSet,
+    RequestAggregateFilterSet,
+    RTTSampleFilterSet,
+)
+from telemetry.live import read_live_nodes, read_rtt_table
+from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+
+log = logging.getLogger(__name__)
+
+
+def live_snapshot() -> tuple[dict[int, NodeLiveState], RTTTable | None]:
+    """What the gateways see now; empty when Redis is unreachable (the API still answers)."""
+    client, keys = redis_client(), redis_keys()
+    try:
+        return read_live_nodes(client, keys), read_rtt_table(client, keys)
+    except redis.RedisError as exc:
+        log.warning("live state unavailable: %s", exc)
+        return {}, None
+
+
+class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Every node with its measured health, load, KV-cache use, prefix hit rate and RTT per region."""
+
+    queryset = Node.objects.select_related("region", "health").order_by("region__slug", "name")
+    serializer_class = LiveNodeSerializer
+    filterset_fields = ["state"]
+
+    def get_serializer_context(self) -> dict:
+        # Read Redis once per request, not once per node.
+        context = super().get_serializer_context()
+        live, table = live_snapshot()
+        rtt: dict[int, list] = {}
+        for entry in table.entries if table is not None else ():
+            rtt.setdefault(entry.node_id, []).append(entry)
+        return {**context, "live": live, "rtt": rtt, "now": time.time()}
+
+
+class RTTMatrixView(APIView):
+    """The live RTT table as a region x node matrix (what the gateways route with)."""
+
+    @extend_schema(responses=RTTMatrixSerializer)
+    def get(self, request: Request) -> Response:
+        _live, table = live_snapshot()
+        regions = list(Region.objects.order_by("slug").values_list("slug", flat=True))
+        nodes = list(Node.objects.select_related("region").order_by("region__slug", "name"))
+        known_nodes, known_regions = {n.pk for n in nodes}, set(regions)
+        now = time.time()
+        cells = [
+            RTTFromRegionSerializer.of(entry, now)
+            for entry in (table.entries if table is not None else ())
+            if entry.node_id in known_nodes and entry.region in known_regions
+        ]
+        data = {
+            "updated_at": table.updated_at if table is not None else None,
+            "regions": regions,
+            "nodes": [{"id": n.pk, "name": n.name, "region": n.region.slug} for n in nodes],
+            "cells": cells,
+        }
+        return Response(RTTMatrixSerializer(data).data)
+
+
+class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
+    """Individual RTT probes, newest first."""
+
+    queryset = RTTSample.objects.select_related("region")
+    serializer_class = RTTSampleSerializer
+    filterset_class = RTTSampleFilterSet
+
+
+class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
+    """Scrape intervals of every node, newest first."""
+
+    queryset = MetricSample.objects.all()
+    serializer_class = MetricSampleSerializer
+    filterset_class = MetricSampleFilterSet
+
+
+class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
+    """Health transitions, newest first."""
+
+    queryset = HealthEvent.objects.all()
+    serializer_class = HealthEventSerializer
+    filterset_class = HealthEventFilterSet
+
+
+class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
+    """Request buckets (10s or 1m) per node or gateway region, with the TTFT breakdown."""
+
+    queryset = RequestAggregate.objects.select_related("region")
+    serializer_class = RequestAggregateSerializer
+    filterset_class = RequestAggregateFilterSet

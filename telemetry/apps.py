@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class TelemetryConfig(AppConfig):
+    """RTT probes, metrics scrapes, health, request aggregation (Celery tasks in ``tasks.py``)."""
+
+    name = "telemetry"
+    label = "telemetry"
+    verbose_name = "Telemetry"

@@ -1,0 +1,218 @@
+"""Telemetry history: RTT samples, metric samples, health state and events, request aggregates.
+
+The latest values ("live state") live in Redis for the gateways; these tables keep history for the
+dashboard and the API. Every table has an index that starts with the columns the dashboard filters
+on and ends with the timestamp, so time-range queries are index scans. Retention is enforced by the
+``telemetry.prune`` task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from telemetry.choices import CheckChoices, HealthChoices, ResolutionChoices, ScopeChoices
+
+
+class NodeHealth(models.Model):
+    """The measured health of one node, as the hysteresis last decided it.
+
+    Only changed by compare-and-swap (``filter(node=..., health=old).update(...)``) so that two
+    workers judging the same node at once record one transition, not two.
+    """
+
+    node = models.OneToOneField("fleet.Node", on_delete=models.CASCADE, related_name="health")
+    health = models.CharField(max_length=16, choices=HealthChoices.choices, default=HealthChoices.UNKNOWN)
+    changed_at = models.DateTimeField(null=True, blank=True)
+    reason = models.CharField(max_length=300, blank=True, help_text="Why the last transition happened.")
+    scrape_failing = models.BooleanField(default=False, help_text="The last /metrics scrape failed.")
+    scrape_error = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["node__name"]
+        verbose_name_plural = "node health"
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.health}"
+
+
+class HealthEvent(models.Model):
+    """One health transition of a node, with the check that caused it."""
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="health_events")
+    ts = models.DateTimeField()
+    previous = models.CharField(max_length=16, choices=HealthChoices.choices)
+    current = models.CharField(max_length=16, choices=HealthChoices.choices)
+    source = models.CharField(
+        max_length=16, choices=CheckChoices.choices, help_text="The check that decided."
+    )
+    reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-ts", "-id"]
+        indexes = [
+            models.Index(fields=["node", "ts"], name="telemetry_health_node_ts"),
+            models.Index(fields=["ts"], name="telemetry_health_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.previous}->{self.current} at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+
+class RTTSample(models.Model):
+    """One application-level round trip (GET /health) from a region to a node.
+
+    ``rtt_ms`` is request sent -> response headers received on an open connection; when the probe
+    had to open a new connection, the TCP (and TLS) setup is in ``connect_ms``, not in ``rtt_ms``.
+    """
+
+    region = models.ForeignKey("fleet.Region", on_delete=models.CASCADE, related_name="rtt_samples")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="rtt_samples")
+    ts = models.DateTimeField()
+    ok = models.BooleanField()
+    rtt_ms = models.FloatField(null=True, blank=True)
+    connect_ms = models.FloatField(
+        null=True, blank=True, help_text="Set only when a new connection was made."
+    )
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-ts", "-id"]
+        indexes = [
+            models.Index(fields=["node", "region", "ts"], name="telemetry_rtt_node_region_ts"),
+            models.Index(fields=["region", "ts"], name="telemetry_rtt_region_ts"),
+            models.Index(fields=["ts"], name="telemetry_rtt_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.region_id}->{self.node_id} {self.rtt_ms} ms"
+
+
+class MetricSample(models.Model):
+    """One scrape of a node's vLLM /metrics, reduced to the interval since the previous scrape.
+
+    Gauges are as scraped; rates, hit rate and latency figures cover (ts - interval_s, ts]. The
+    first scrape of a node (or the first after its counters reset without a usable baseline) has
+    gauges only. ``latency`` holds every histogram's interval summary:
+    ``{"ttft": {"count": n, "mean_ms": .., "p50_ms": .., "p90_ms": .., "p99_ms": ..}, ...}``.
+    """
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="metric_samples")
+    ts = models.DateTimeField()
+    ok = models.BooleanField()
+    error = models.CharField(max_length=300, blank=True)
+    interval_s = models.FloatField(null=True, blank=True)
+    counters_reset = models.BooleanField(default=False, help_text="The node's counters went back (restart).")
+    num_running = models.FloatField(null=True, blank=True)
+    num_waiting = models.FloatField(null=True, blank=True)
+    kv_cache_usage = models.FloatField(null=True, blank=True, help_text="0..1")
+    prefix_queries_tokens = models.FloatField(null=True, blank=True)
+    prefix_hits_tokens = models.FloatField(null=True, blank=True)
+    prefix_hit_rate = models.FloatField(null=True, blank=True, help_text="Hits / queries in tokens, 0..1.")
+    prompt_tokens_per_s = models.FloatField(null=True, blank=True)
+    generation_tokens_per_s = models.FloatField(null=True, blank=True)
+    preemptions = models.FloatField(null=True, blank=True)
+    requests_finished = models.FloatField(null=True, blank=True)
+    ttft_mean_ms = models.FloatField(null=True, blank=True)
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p90_ms = models.FloatField(null=True, blank=True)
+    ttft_p99_ms = models.FloatField(null=True, blank=True)
+    queue_mean_ms = models.FloatField(null=True, blank=True)
+    prefill_mean_ms = models.FloatField(null=True, blank=True)
+    decode_mean_ms = models.FloatField(null=True, blank=True)
+    e2e_mean_ms = models.FloatField(null=True, blank=True)
+    itl_mean_ms = models.FloatField(null=True, blank=True)
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-ts", "-id"]
+        indexes = [
+            models.Index(fields=["node", "ts"], name="telemetry_metric_node_ts"),
+            models.Index(fields=["ts"], name="telemetry_metric_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
+
+
+class RequestAggregate(models.Model):
+    """Finished requests of one time bucket, per node or per gateway region.
+
+    Sums, not means, so that adding a batch of records is a plain addition; means and the TTFT
+    breakdown (gateway + network + queue + prefill + other = TTFT) are derived when read. The
+    ``*_sum_ms`` parts are summed over the ``ttft_count`` records that had a first token;
+    ``network_count`` and ``node_stats_count`` say for how many of them the RTT and the node's
+    queue/prefill figures were known (unknown parts count as 0 and end up in "other").
+    """
+
+    resolution = models.CharField(max_length=4, choices=ResolutionChoices.choices)
+    scope = models.CharField(max_length=8, choices=ScopeChoices.choices)
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+    )
+    region = models.ForeignKey(
+        "fleet.Region", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+    )
+    bucket_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    ttft_count = models.PositiveIntegerField(default=0)
+    ttft_sum_ms = models.FloatField(default=0.0)
+    ttft_histogram = models.JSONField(default=dict, blank=True, help_text="Log-bucketed TTFT counts.")
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p90_ms = models.FloatField(null=True, blank=True)
+    ttft_p99_ms = models.FloatField(null=True, blank=True)
+    gateway_sum_ms = models.FloatField(default=0.0)
+    network_sum_ms = models.FloatField(default=0.0)
+    network_count = models.PositiveIntegerField(default=0)
+    queue_sum_ms = models.FloatField(default=0.0)
+    prefill_sum_ms = models.FloatField(default=0.0)
+    node_stats_count = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens routed.")
+    cached_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens the node had cached.")
+    predicted_cached_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="Prompt tokens the router expected to be cached (cost.matched_tokens)."
+    )
+    usage_count = models.PositiveIntegerField(default=0, help_text="Records that carried the node's usage.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-bucket_start", "scope", "node_id", "region_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["resolution", "node", "bucket_start"],
+                condition=models.Q(scope="node"),
+                name="telemetry_aggregate_unique_node_bucket",
+            ),
+            models.UniqueConstraint(
+                fields=["resolution", "region", "bucket_start"],
+                condition=models.Q(scope="region"),
+                name="telemetry_aggregate_unique_region_bucket",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["resolution", "scope", "bucket_start"], name="telemetry_agg_res_scope_ts"),
+            models.Index(fields=["node", "resolution", "bucket_start"], name="telemetry_agg_node_ts"),
+            models.Index(fields=["region", "resolution", "bucket_start"], name="telemetry_agg_region_ts"),
+        ]
+
+    def __str__(self) -> str:
+        target = f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"region {self.region_id}"
+        return f"{self.resolution} {target} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
+
+
+class ProcessedRequestEntry(models.Model):
+    """A request-stream entry already added to the aggregates.
+
+    Written in the same transaction as the bucket updates, so an entry delivered twice (a worker
+    died after committing but before XACK, and XAUTOCLAIM handed it to another) is counted once.
+    """
+
+    stream_id = models.CharField(max_length=40, unique=True)
+    processed_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-processed_at"]
+
+    def __str__(self) -> str:
+        return self.stream_id
