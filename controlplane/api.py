@@ -9,6 +9,8 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from controlplane import audit
+
 
 class ConflictError(exceptions.APIException):
     """The request is valid but conflicts with the current state (e.g. deleting something in use)."""
@@ -74,7 +76,20 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
 
 
 class BaseModelViewSet(viewsets.ModelViewSet):
-    """A ModelViewSet that refuses, with 409 and the reason, to delete what routing still uses."""
+    """A ModelViewSet that records every change in the audit trail (who, when, what changed) and
+    refuses, with 409 and the reason, to delete what routing still uses."""
+
+    def perform_create(self, serializer) -> None:
+        super().perform_create(serializer)
+        audit.record(self.request.user, serializer.instance, "Created through the API.", added=True)
+
+    def perform_update(self, serializer) -> None:
+        # From the database: validation has already set the new values on serializer.instance.
+        before = audit.object_state(type(serializer.instance).objects.get(pk=serializer.instance.pk))
+        super().perform_update(serializer)
+        changes = audit.describe_state_changes(before, audit.object_state(serializer.instance))
+        if changes:
+            audit.record(self.request.user, serializer.instance, f"Changed through the API: {changes}")
 
     def perform_destroy(self, instance) -> None:
         from controlplane.policies.deletion import delete_blockers
@@ -82,4 +97,6 @@ class BaseModelViewSet(viewsets.ModelViewSet):
         reasons = delete_blockers(instance)
         if reasons:
             raise ConflictError(" ".join(reasons))
-        instance.delete()
+        with transaction.atomic():
+            audit.record(self.request.user, instance, "Deleted through the API.", deleted=True)
+            instance.delete()

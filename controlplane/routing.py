@@ -2,4 +2,6 @@
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from controlplane.dashboard.routing import websocket_urlpatterns as dashboard_websockets
+
+websocket_urlpatterns: list = [*dashboard_websockets]

@@ -113,6 +113,7 @@ INSTALLED_APPS = [
     "controlplane.fleet",
     "controlplane.policies",
     "telemetry",
+    "controlplane.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -156,8 +157,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").is_dir() else []
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGIN_URL = "login"
+LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "dashboard:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -15,4 +15,6 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Last: the dashboard owns "/" and the pages under it.
+    path("", include("controlplane.dashboard.urls")),
 ]

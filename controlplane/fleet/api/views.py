@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane import audit
 from controlplane.api import BaseModelViewSet
 from controlplane.fleet.api.serializers import LLMModelSerializer, NodeSerializer, RegionSerializer
 from controlplane.fleet.choices import NodeStateChoices
@@ -47,5 +48,7 @@ class NodeViewSet(BaseModelViewSet):
 
     def _move_to(self, state: NodeStateChoices) -> Response:
         node = self.get_object()
-        node.set_state(state)  # the fleet-change signal republishes the active policy
+        old_state = node.state
+        if node.set_state(state):  # the fleet-change signal republishes the active policy
+            audit.record(self.request.user, node, f"state: {old_state} -> {state} (through the API)")
         return Response(self.get_serializer(node).data)

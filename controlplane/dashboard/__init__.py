@@ -1,0 +1,1 @@
+"""The browser UI: live dashboard pages and the policy editor (server-rendered, Plotly.js, Channels)."""

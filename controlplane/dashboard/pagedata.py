@@ -1,0 +1,94 @@
+"""What a page embeds when it is rendered: the fleet, the latest live state, the active policy.
+
+The live state is read with telemetry's own readers (``telemetry.live``) from the same Redis keys
+the gateways use; when Redis is unreachable the page still renders, with the fleet and no live
+values, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+
+from controlplane.fleet.models import Node, Region
+from controlplane.policies import publishing
+from telemetry import live as telemetry_live
+from telemetry.choices import HealthChoices
+from telemetry.models import NodeHealth
+
+log = logging.getLogger(__name__)
+
+
+def fleet() -> dict[str, Any]:
+    """Regions (with coordinates) and nodes, in the order every chart uses (region slug, name)."""
+    regions = [
+        {"slug": r.slug, "name": r.name, "lat": r.latitude, "lon": r.longitude}
+        for r in Region.objects.order_by("slug")
+    ]
+    nodes = [
+        {"id": n.pk, "name": n.name, "region": n.region.slug, "state": n.state}
+        for n in Node.objects.select_related("region").order_by("region__slug", "name")
+    ]
+    return {"regions": regions, "nodes": nodes}
+
+
+def _health_by_node() -> dict[int, str]:
+    return dict(NodeHealth.objects.values_list("node_id", "health"))
+
+
+def snapshot() -> dict[str, Any]:
+    """The latest live node state and RTT table, as the telemetry workers last wrote them."""
+    data: dict[str, Any] = {"ts": time.time(), "nodes": {}, "rtt": [], "error": ""}
+    health = _health_by_node()
+    for node_id, state in health.items():
+        data["nodes"][str(node_id)] = {"node_id": node_id, "health": state}
+    try:
+        client, keys = publishing.redis_client(), publishing.redis_keys()
+        for node_id, state in telemetry_live.read_live_nodes(client, keys).items():
+            doc = msgspec.to_builtins(state)
+            doc["health"] = health.get(node_id, HealthChoices.UNKNOWN)
+            data["nodes"][str(node_id)] = doc
+        table = telemetry_live.read_rtt_table(client, keys)
+    except redis.RedisError as exc:
+        log.warning("dashboard: live state unavailable: %s", exc)
+        data["error"] = "Live state unavailable (Redis unreachable); showing the fleet only."
+        return data
+    if table is not None:
+        data["rtt"] = [msgspec.to_builtins(entry) for entry in table.entries]
+    return data
+
+
+def active_policy() -> dict[str, Any] | None:
+    """The policy the gateways run, and its version."""
+    version = publishing.live_version()
+    if version is None:
+        return None
+    return {
+        "name": version.policy.name,
+        "id": version.policy_id,
+        "algorithm": version.policy.algorithm,
+        "version": version.number,
+        "author": version.author_name,
+        "published_at": version.published_at.timestamp() if version.published_at else None,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    """A row of the nodes table, before the live columns are filled in by the page."""
+
+    node: Node
+    health: str
+
+
+def node_rows() -> list[NodeRow]:
+    health = _health_by_node()
+    return [
+        NodeRow(node=node, health=health.get(node.pk, HealthChoices.UNKNOWN))
+        for node in Node.objects.select_related("region").order_by("region__slug", "name")
+    ]

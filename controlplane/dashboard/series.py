@@ -1,0 +1,298 @@
+"""Chart-ready data for the dashboard pages, read from telemetry's history tables.
+
+Telemetry stores 10 s and 1 min request buckets (sums and a log-bucketed TTFT histogram) and one
+metric sample per node per scrape. A chart wants a window merged into a few hundred points at
+most, with percentiles over the merged buckets: that merging is done here, on the server, with
+telemetry's own quantile and breakdown functions, so a 24 h chart costs the browser ~150 points
+per line instead of thousands of raw rows.
+
+Every timestamp is unix seconds, every duration milliseconds, every ratio 0..1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from telemetry.aggregation import breakdown_of, histogram_quantile_ms
+from telemetry.choices import ScopeChoices
+from telemetry.models import MetricSample, RequestAggregate
+
+# Sums a merged bucket keeps (the fields telemetry's breakdown reads, plus tokens).
+_SUMMED = (
+    "count",
+    "errors",
+    "ttft_count",
+    "ttft_sum_ms",
+    "gateway_sum_ms",
+    "network_sum_ms",
+    "queue_sum_ms",
+    "prefill_sum_ms",
+    "prompt_tokens",
+    "cached_tokens",
+    "predicted_cached_tokens",
+)
+COMPONENTS = ("gateway", "network", "queue", "prefill", "other")
+HEADLINE_WINDOW_S = 60
+MAX_POINTS = 180
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A time range, the bucket resolution it reads and the step its series are merged to."""
+
+    key: str
+    seconds: int
+    resolution: str
+    step_s: int
+
+    @classmethod
+    def of(cls, key: str, seconds: int, resolution: str) -> Window:
+        width_s = 10 if resolution == "10s" else 60
+        steps = max(1, -(-seconds // (width_s * MAX_POINTS)))  # ceil: at most MAX_POINTS points
+        return cls(key=key, seconds=seconds, resolution=resolution, step_s=width_s * steps)
+
+
+@dataclass(slots=True)
+class Merged:
+    """Buckets added together: sums and the TTFT histogram."""
+
+    count: int = 0
+    errors: int = 0
+    ttft_count: int = 0
+    ttft_sum_ms: float = 0.0
+    gateway_sum_ms: float = 0.0
+    network_sum_ms: float = 0.0
+    queue_sum_ms: float = 0.0
+    prefill_sum_ms: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    predicted_cached_tokens: int = 0
+    histogram: dict[str, int] = field(default_factory=dict)
+    bucket_means: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def add(self, row: dict[str, Any]) -> None:
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + (row[name] or 0))
+        for index, count in (row["ttft_histogram"] or {}).items():
+            self.histogram[index] = self.histogram.get(index, 0) + count
+        parts = _breakdown(row)
+        if parts is not None:
+            self.bucket_means.append((row["ttft_count"], parts))
+
+    def quantile_ms(self, q: float) -> float | None:
+        return histogram_quantile_ms(self.histogram, q)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, TTFT percentiles, the mean breakdown and the median-bucket breakdown."""
+        return {
+            "count": self.count,
+            "errors": self.errors,
+            "ttft_p50_ms": self.quantile_ms(0.5),
+            "ttft_p99_ms": self.quantile_ms(0.99),
+            "ttft_mean_ms": round(self.ttft_sum_ms / self.ttft_count, 3) if self.ttft_count else None,
+            "mean": _breakdown({name: getattr(self, name) for name in _SUMMED}),
+            "p50": _weighted_median_parts(self.bucket_means),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "predicted_cached_tokens": self.predicted_cached_tokens,
+        }
+
+
+def _breakdown(sums: dict[str, Any]) -> dict[str, float] | None:
+    """Telemetry's breakdown (parts add up to the mean TTFT, remainder in "other")."""
+    row = RequestAggregate(**{name: sums[name] or 0 for name in _SUMMED})
+    parts = breakdown_of(row)
+    if parts is None:
+        return None
+    return {name: getattr(parts, f"{name}_ms") for name in COMPONENTS} | {"ttft": parts.ttft_mean_ms}
+
+
+def _weighted_median_parts(bucket_means: list[tuple[int, dict[str, float]]]) -> dict[str, float] | None:
+    """Per part, the median over buckets of the bucket's mean (weighted by requests).
+
+    The telemetry tables keep only sums of the parts, so this "typical bucket" is the robust
+    counterpart of the mean: one slow burst moves the mean, not the median.
+    """
+    if not bucket_means:
+        return None
+    result = {}
+    total = sum(weight for weight, _ in bucket_means)
+    for name in (*COMPONENTS, "ttft"):
+        seen = 0
+        for weight, parts in sorted(bucket_means, key=lambda item, n=name: item[1][n]):
+            seen += weight
+            if seen * 2 >= total:
+                result[name] = round(parts[name], 3)
+                break
+    return result
+
+
+def _dt(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+_BUCKET_FIELDS = (
+    "scope",
+    "node_id",
+    "region__slug",
+    "bucket_start",
+    "ttft_histogram",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    *_SUMMED,
+)
+
+
+def _buckets(
+    resolution: str, since_s: float, until_s: float, scope: str | None = None
+) -> Iterable[dict[str, Any]]:
+    rows = RequestAggregate.objects.filter(
+        resolution=resolution, bucket_start__gte=_dt(since_s), bucket_start__lt=_dt(until_s)
+    )
+    if scope is not None:
+        rows = rows.filter(scope=scope)
+    return rows.order_by("bucket_start").values(*_BUCKET_FIELDS).iterator(chunk_size=2000)
+
+
+def _key(row: dict[str, Any]) -> str:
+    return row["region__slug"] if row["scope"] == ScopeChoices.REGION else str(row["node_id"])
+
+
+def overview(now_s: float | None = None) -> dict[str, Any]:
+    """Headline (last complete minute), per-region figures for the map, and 15 min of 10 s series."""
+    now_s = time.time() if now_s is None else now_s
+    # The bucket in progress is partial: the headline covers the last six complete 10 s buckets.
+    until_s = (now_s // 10) * 10
+    since_s = until_s - HEADLINE_WINDOW_S
+    fleet, per_region = Merged(), defaultdict(Merged)
+    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in _buckets("10s", until_s - 15 * 60, until_s + 10, ScopeChoices.REGION):
+        start_s = row["bucket_start"].timestamp()
+        series[row["region__slug"]].append(
+            {
+                "t": start_s,
+                "count": row["count"],
+                "errors": row["errors"],
+                "ttft_p50_ms": row["ttft_p50_ms"],
+                "ttft_p99_ms": row["ttft_p99_ms"],
+            }
+        )
+        if since_s <= start_s < until_s:
+            fleet.add(row)
+            per_region[row["region__slug"]].add(row)
+    hits = queries = 0.0
+    for hit_tokens, query_tokens in MetricSample.objects.filter(
+        ok=True, ts__gte=_dt(now_s - HEADLINE_WINDOW_S), prefix_queries_tokens__isnull=False
+    ).values_list("prefix_hits_tokens", "prefix_queries_tokens"):
+        hits += hit_tokens or 0.0
+        queries += query_tokens or 0.0
+    return {
+        "now": now_s,
+        "headline": {
+            "window_s": HEADLINE_WINDOW_S,
+            "ttft_p50_ms": fleet.quantile_ms(0.5),
+            "ttft_p99_ms": fleet.quantile_ms(0.99),
+            "rate_rps": fleet.count / HEADLINE_WINDOW_S,
+            "error_rate": fleet.errors / fleet.count if fleet.count else None,
+            "hit_rate": hits / queries if queries else None,
+        },
+        "regions": {
+            slug: {
+                "rate_rps": m.count / HEADLINE_WINDOW_S,
+                "ttft_p50_ms": m.quantile_ms(0.5),
+                "count": m.count,
+            }
+            for slug, m in per_region.items()
+        },
+        "series": series,
+    }
+
+
+def breakdown(window: Window, now_s: float | None = None) -> dict[str, Any]:
+    """Per region and per node: TTFT percentiles and its parts over the window; TTFT per step."""
+    now_s = time.time() if now_s is None else now_s
+    since_s = now_s - window.seconds
+    totals: dict[str, dict[str, Merged]] = {"region": defaultdict(Merged), "node": defaultdict(Merged)}
+    steps: dict[str, dict[float, Merged]] = defaultdict(lambda: defaultdict(Merged))
+    for row in _buckets(window.resolution, since_s, now_s + window.step_s):
+        key = _key(row)
+        totals[row["scope"]][key].add(row)
+        if row["scope"] == ScopeChoices.REGION:
+            step_start = (row["bucket_start"].timestamp() // window.step_s) * window.step_s
+            steps[key][step_start].add(row)
+    return {
+        "now": now_s,
+        "window": window.key,
+        "step_s": window.step_s,
+        "regions": {key: merged.summary() for key, merged in totals["region"].items()},
+        "nodes": {key: merged.summary() for key, merged in totals["node"].items()},
+        "series": {
+            key: [
+                {
+                    "t": t,
+                    "count": m.count,
+                    "ttft_p50_ms": m.quantile_ms(0.5),
+                    "ttft_p99_ms": m.quantile_ms(0.99),
+                }
+                for t, m in sorted(by_step.items())
+            ]
+            for key, by_step in steps.items()
+        },
+    }
+
+
+def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
+    """Per node: prefix-cache hit rate and KV usage per step (scrapes), and routed vs hit tokens."""
+    now_s = time.time() if now_s is None else now_s
+    since_s = now_s - window.seconds
+    # Scrapes come every few seconds: merge them into at most MAX_POINTS steps per node.
+    step_s = max(5, -(-window.seconds // MAX_POINTS))
+    acc: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0, 0]))
+    rows = (
+        MetricSample.objects.filter(ok=True, ts__gte=_dt(since_s))
+        .order_by("ts")
+        .values_list("node_id", "ts", "prefix_hits_tokens", "prefix_queries_tokens", "kv_cache_usage")
+        .iterator(chunk_size=5000)
+    )
+    for node_id, ts, hits, queries, kv in rows:
+        cell = acc[node_id][(ts.timestamp() // step_s) * step_s]
+        if queries:
+            cell[0] += hits or 0.0
+            cell[1] += queries
+        if kv is not None:
+            cell[2] += kv
+            cell[3] += 1
+    series = {
+        str(node_id): [
+            {
+                "t": t,
+                "hit_rate": round(c[0] / c[1], 4) if c[1] else None,
+                "kv_cache_usage": round(c[2] / c[3], 4) if c[3] else None,
+            }
+            for t, c in sorted(by_step.items())
+        ]
+        for node_id, by_step in acc.items()
+    }
+    routed: dict[str, Merged] = defaultdict(Merged)
+    for row in _buckets(window.resolution, since_s, now_s + 60, ScopeChoices.NODE):
+        routed[str(row["node_id"])].add(row)
+    return {
+        "now": now_s,
+        "window": window.key,
+        "step_s": step_s,
+        "series": series,
+        "routed": {
+            key: {
+                "prompt_tokens": m.prompt_tokens,
+                "predicted_cached_tokens": m.predicted_cached_tokens,
+                "cached_tokens": m.cached_tokens,
+                "count": m.count,
+            }
+            for key, m in routed.items()
+        },
+    }

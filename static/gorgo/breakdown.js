@@ -1,0 +1,102 @@
+/* TTFT breakdown: stacked parts per gateway region and per node, TTFT p50/p99 over time. */
+(function () {
+  "use strict";
+  const G = window.Gorgo;
+  const { fleet } = G.page;
+  const state = { window: G.page.window, stat: "p50", data: null };
+
+  const windowLabel = () => G.page.windows[state.window].label;
+  const colored = (text, color) => `<span style="color:${color}">${text}</span>`;
+
+  function stackedBars(id, entries, emptyMessage) {
+    // entries: [{key, label, color, summary}] in display order
+    const withData = entries.filter((e) => e.summary && e.summary[state.stat]);
+    const x = withData.map((e) => e.key);
+    const ticktext = withData.map((e) => colored(e.label, e.color));
+    const traces = G.COMPONENTS.map((c) => ({
+      type: "bar", name: c.label, x, y: withData.map((e) => e.summary[state.stat][c.key]),
+      marker: { color: c.color, line: { width: 0 } },
+      hovertemplate: `${c.label} %{y:.1f} ms<extra></extra>`,
+    }));
+    traces.push({
+      type: "scatter", mode: "markers", name: "measured TTFT p50", x, y: withData.map((e) => e.summary.ttft_p50_ms),
+      customdata: withData.map((e) => [e.summary.count, e.summary.ttft_p99_ms]),
+      marker: { symbol: "diamond", size: 9, color: "#f0f1f2", line: { color: "#111217", width: 1 } },
+      hovertemplate: "measured TTFT p50 %{y:.0f} ms · p99 %{customdata[1]:.0f} ms · %{customdata[0]:,} requests<extra></extra>",
+    });
+    const bucket = G.page.windows[state.window].resolution === "10s" ? "10 s" : "1 min";
+    const statLabel = state.stat === "mean" ? "mean (parts add up to mean TTFT)" : `p50 of ${bucket} bucket means`;
+    G.plot(id, traces, G.layout({
+      barmode: "relative",
+      bargap: 0.35,
+      xaxis: { type: "category", tickmode: "array", tickvals: x, ticktext, categoryorder: "array", categoryarray: x },
+      yaxis: G.valueAxis(`ms · ${statLabel}`),
+    }), withData.length ? null : emptyMessage);
+  }
+
+  function renderBars() {
+    const d = state.data || { regions: {}, nodes: {} };
+    const empty = `No traffic in the last ${windowLabel()}`;
+    stackedBars("by-region", fleet.regions.map((r) => ({
+      key: r.slug, label: r.slug, color: G.regionColor(r.slug), summary: d.regions[r.slug],
+    })), empty);
+    stackedBars("by-node", fleet.nodes.map((n) => ({
+      key: n.name, label: n.name, color: G.nodeStyle(n.id).color, summary: d.nodes[String(n.id)],
+    })), empty);
+  }
+
+  function renderSeries() {
+    const d = state.data;
+    const now = Date.now() / 1000;
+    const seconds = G.page.windows[state.window].seconds;
+    const traces = [];
+    let any = false;
+    for (const region of fleet.regions) {
+      const points = (d && d.series[region.slug]) || [];
+      if (points.some((p) => p.count > 0)) any = true;
+      const color = G.regionColor(region.slug);
+      const x = points.map((p) => G.toDate(p.t + d.step_s / 2));
+      traces.push({ type: "scatter", mode: "lines", name: region.slug, legendgroup: region.slug, x, y: points.map((p) => p.ttft_p50_ms),
+        line: { color, width: 2 }, hovertemplate: `${region.slug} p50 %{y:.0f} ms<extra></extra>` });
+      traces.push({ type: "scatter", mode: "lines", name: `${region.slug} p99`, legendgroup: region.slug, showlegend: false, x,
+        y: points.map((p) => p.ttft_p99_ms), line: { color, width: 1, dash: "dot" }, opacity: 0.55, hovertemplate: `${region.slug} p99 %{y:.0f} ms<extra></extra>` });
+    }
+    G.plot("ttft-over-time", traces, G.layout({
+      xaxis: G.timeAxis([G.toDate(now - seconds), G.toDate(now)]),
+      yaxis: G.valueAxis("TTFT (ms)"),
+    }), any ? null : `No traffic in the last ${windowLabel()}`);
+  }
+
+  async function refresh() {
+    const requested = state.window;
+    try {
+      const data = await G.getJSON(G.page.urls.breakdown, { window: requested });
+      if (requested !== state.window) return; // the user switched windows meanwhile
+      state.data = data;
+    } catch (e) {
+      console.warn("gorgo: breakdown data unavailable", e);
+      return;
+    }
+    renderBars();
+    renderSeries();
+  }
+  const throttled = G.throttle(refresh, 10000);
+  // A day merges ~13k buckets (~0.7 s of server time): the minute timer is enough there.
+  const refreshSoon = () => { if (state.window !== "24h") throttled(); };
+
+  document.querySelectorAll("[data-stat]").forEach((button) => button.addEventListener("click", () => {
+    state.stat = button.dataset.stat;
+    document.querySelectorAll("[data-stat]").forEach((b) => {
+      b.classList.toggle("active", b === button);
+      b.setAttribute("aria-pressed", String(b === button));
+    });
+    renderBars();
+  }));
+  G.windowPicker((key) => { state.window = key; state.data = null; renderBars(); renderSeries(); refresh(); });
+
+  renderBars();
+  renderSeries();
+  refresh();
+  setInterval(refresh, 60000);
+  G.live({ "telemetry.aggregates": refreshSoon, reconnected: refresh });
+})();

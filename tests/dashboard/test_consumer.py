@@ -1,0 +1,115 @@
+"""The /ws/dashboard/ socket through the real ASGI stack: anonymous refused, signed-in users get updates."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.test import Client
+
+from controlplane.asgi import application
+from controlplane.dashboard.consumers import CLOSE_UNAUTHENTICATED
+from controlplane.policies.models import RoutingPolicy
+from controlplane.policies.publishing import publish
+from telemetry.groups import DASHBOARD_GROUP, NodeCell, NodesUpdate, RTTCell, RTTUpdate
+from tests.dashboard.websocket import WebsocketCommunicator
+
+ORIGIN = (b"origin", b"http://127.0.0.1")
+
+
+def communicator(session_key: str | None = None) -> WebsocketCommunicator:
+    headers = [ORIGIN]
+    if session_key:
+        headers.append((b"cookie", f"sessionid={session_key}".encode()))
+    return WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
+
+
+@pytest.fixture
+def session_key(operator) -> str:
+    client = Client()
+    client.force_login(operator.user)
+    return client.cookies["sessionid"].value
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_closes_an_anonymous_socket_with_4401() -> None:
+    socket = communicator()
+    connected, _ = await socket.connect()
+    assert connected  # accepted only to be able to say why it closes
+    closing = await socket.receive_output(timeout_s=2)
+    assert closing == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+    await socket.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_forwards_every_telemetry_update_type(session_key: str) -> None:
+    socket = communicator(session_key)
+    connected, _ = await socket.connect()
+    assert connected
+    layer = get_channel_layer()
+    now = time.time()
+    updates = [
+        RTTUpdate(ts=now, region="us-east", cells=(RTTCell(node_id=3, ok=True, rtt_ms=88.0, jitter_ms=2.0),)),
+        NodesUpdate(ts=now, nodes=(NodeCell(node_id=3, healthy=True, scrape_ok=True, num_running=4.0),)),
+    ]
+    for update in updates:
+        await layer.group_send(DASHBOARD_GROUP, update.as_message())
+        assert await socket.receive_json_from(timeout_s=3) == json.loads(json.dumps(update.as_message()))
+    health = {
+        "type": "telemetry.health",
+        "ts": now,
+        "node_id": 3,
+        "node": "eu-central-1",
+        "previous": "healthy",
+        "current": "unhealthy",
+        "check": "probe",
+        "reason": "3 failed probes",
+    }
+    await layer.group_send(DASHBOARD_GROUP, health)
+    assert await socket.receive_json_from(timeout_s=3) == health
+    aggregates = {"type": "telemetry.aggregates", "ts": now, "resolution": "10s", "buckets": []}
+    await layer.group_send(DASHBOARD_GROUP, aggregates)
+    assert await socket.receive_json_from(timeout_s=3) == aggregates
+    await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_pushes_a_new_policy_version_to_open_dashboards(session_key: str, operator, policy) -> None:
+    socket = communicator(session_key)
+    connected, _ = await socket.connect()
+    assert connected
+
+    @sync_to_async
+    def publish_now() -> None:
+        publish(RoutingPolicy.objects.get(pk=policy.pk), author=operator.user, note="from the test")
+
+    await publish_now()
+    message = await socket.receive_json_from(timeout_s=3)
+    assert message["type"] == "policy.published"
+    assert (message["name"], message["version"], message["author"], message["note"]) == (
+        "default",
+        1,
+        "op",
+        "from the test",
+    )
+    await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_leaves_the_group_on_disconnect(session_key: str, settings, redis_url: str) -> None:
+    # channels_redis keeps a group's members in a sorted set under the layer's prefix.
+    group_key = f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:group:{DASHBOARD_GROUP}"
+    conn = aioredis.Redis.from_url(redis_url)
+    try:
+        before = await conn.zcard(group_key)
+        socket = communicator(session_key)
+        await socket.connect()
+        assert await conn.zcard(group_key) == before + 1
+        await socket.disconnect()
+        assert await conn.zcard(group_key) == before
+    finally:
+        await conn.aclose()
