@@ -39,9 +39,11 @@ format: install
 run: install
 	@mkdir -p var
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
+	test -s var/operator-password || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(12))" > var/operator-password); \
+	export GORGO_OPERATOR_PASSWORD="$${GORGO_OPERATOR_PASSWORD:-$$(cat var/operator-password)}"; \
 	$(PY) manage.py migrate --no-input -v 0 && \
 	$(PY) manage.py seed_demo && \
-	echo "REDIS_URL=$$REDIS_URL" && \
+	bash scripts/banner.sh && \
 	exec $(VENV)/bin/honcho start -f Procfile
 
 test: lint
@@ -58,6 +60,7 @@ test: lint
 	fi
 
 bench: install
+	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/routing_decision.py && \
