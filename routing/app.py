@@ -31,11 +31,12 @@ from routing.inflight import InFlight
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.policy_store import PolicyStore, make_redis
 from routing.prefix_index import ApproxPrefixIndex
-from routing.prompt import Endpoint, PrefixIndex
+from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
 from routing.proxy import Proxy
 from routing.requestlog import RequestLog
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
+from routing.token_ratio import CharsPerToken
 
 logger = logging.getLogger("routing.app")
 
@@ -70,6 +71,8 @@ class Gateway:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
+        # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
+        self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self.runtime: Runtime | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -117,13 +120,15 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         index = self.prefix_index
+        ratio = self.chars_per_token
         store = PolicyStore(
             redis,
             keys,
             config.region,
             self.registry,
             live_refresh_interval_s=config.live_refresh_interval_s,
-            on_snapshot=lambda table: _resize_index(index, table),
+            live_stale_s=config.live_stale_s,
+            on_snapshot=lambda table: _resize_index(index, table, ratio),
         )
         request_log = RequestLog(
             redis,
@@ -153,9 +158,10 @@ class Gateway:
                 redis_connected=lambda: store.redis_connected,
                 policy_events=lambda: dict(store.events),
                 request_log=lambda: (request_log.written, request_log.dropped, request_log.pending),
+                chars_per_token=lambda: ratio.value,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index)
+        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio)
         self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
         await store.start()
         request_log.start()
@@ -236,9 +242,10 @@ async def _send_error(send: Send, error: GatewayError) -> None:
     await send_response(send, error.status, error.body(), error.headers())
 
 
-def _resize_index(index: PrefixIndex, table: RoutingTable) -> None:
-    """A new snapshot may add, drop or resize nodes, or change the chars-per-token ratio."""
-    index.set_chars_per_token(table.chars_per_token)
+def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken) -> None:
+    """A new snapshot may add, drop or resize nodes, or change the chars-per-token prior."""
+    ratio.set_prior(table.chars_per_token)  # a new prior restarts learning; the same one keeps it
+    index.set_chars_per_token(ratio.value)
     index.sync_nodes(table.snapshot.nodes)
 
 

@@ -54,6 +54,7 @@ class GatewayConfig:
     upstream_read_timeout_s: float = 600.0
     upstream_keepalive_s: float = 300.0
     live_refresh_interval_s: float = 1.0
+    live_stale_s: float = 30.0
     node_down_cooldown_s: float = 5.0
 
     def __repr__(self) -> str:  # the URL may carry a password
@@ -101,6 +102,7 @@ class GatewayConfig:
             upstream_read_timeout_s=reader.number("GORGO_UPSTREAM_READ_TIMEOUT_S", 600.0, minimum=0.001),
             upstream_keepalive_s=reader.number("GORGO_UPSTREAM_KEEPALIVE_S", 300.0, minimum=1.0),
             live_refresh_interval_s=reader.number("GORGO_LIVE_REFRESH_INTERVAL_S", 1.0, minimum=0.05),
+            live_stale_s=reader.number("GORGO_LIVE_STALE_S", 30.0, minimum=0.1),
             node_down_cooldown_s=reader.number("GORGO_NODE_DOWN_COOLDOWN_S", 5.0, minimum=0.0),
         )
         scheme = urlsplit(config.redis_url).scheme

@@ -106,6 +106,8 @@ class RedisKeys:
 
 REQUEST_STREAM_FIELD = "r"
 PREFIX_STREAM_FIELD = "u"
+# The writer's gateway id, beside the update: a reader skips its own entries without decoding them.
+PREFIX_STREAM_GATEWAY_FIELD = "g"
 
 # --------------------------------------------------------------------------------------------
 # Policy snapshot (control plane -> gateway)

@@ -108,8 +108,10 @@ class StateCollector(Collector):
         redis_connected: Callable[[], bool],
         policy_events: Callable[[], dict[str, int]],
         request_log: Callable[[], tuple[int, int, int]],
+        chars_per_token: Callable[[], float] | None = None,
     ) -> None:
         self._inflight = inflight
+        self._chars_per_token = chars_per_token
         self._node_names = node_names
         self._policy_version = policy_version
         self._redis_connected = redis_connected
@@ -147,6 +149,12 @@ class StateCollector(Collector):
             "1 while the policy subscription to Redis is up.",
             value=1 if self._redis_connected() else 0,
         )
+        if self._chars_per_token is not None:
+            yield GaugeMetricFamily(
+                "gorgo_gateway_chars_per_token",
+                "Prompt characters per node token the gateway estimates with (learned from usage).",
+                value=self._chars_per_token(),
+            )
         events = CounterMetricFamily(
             "gorgo_gateway_policy_events",
             "Policy snapshots swapped in, and refused by reason.",

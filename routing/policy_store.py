@@ -7,7 +7,10 @@
   that does not decode, has an unknown schema version or names an unknown algorithm is refused
   with a logged error and the old table is kept.
 - A second task re-reads the live state every ``live_refresh_interval_s`` (announcements on the
-  live channel just make it sooner).
+  live channel just make it sooner). A node's live entry older than ``live_stale_s`` (by its
+  ``updated_at``) is dropped, so the node counts as unmeasured: when the telemetry workers stop,
+  an "unhealthy" mark must not exclude a node forever, nor a stale "healthy" keep it in. Ages are
+  computed here, at each refresh (also when Redis is unreachable), never on the request path.
 - Redis errors never reach requests: the last good table stays in use, and the listener
   reconnects with exponential backoff, re-reading everything on reconnect (announcements sent
   while it was away are lost by pub/sub).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import msgspec
@@ -71,19 +75,25 @@ class PolicyStore:
         registry: Mapping[str, AlgorithmInfo],
         *,
         live_refresh_interval_s: float = 1.0,
+        live_stale_s: float = 30.0,
         on_snapshot: Callable[[RoutingTable], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._region = region
         self._registry = registry
         self._live_refresh_interval_s = live_refresh_interval_s
+        self._live_stale_s = live_stale_s
+        self._clock = clock  # unix seconds, to compare with the entries' updated_at
         self._on_snapshot = on_snapshot  # called after each swap to a new snapshot (not live changes)
         self.table: RoutingTable | None = None
         self.redis_connected = False
         self.events: dict[str, int] = {}  # "swapped", "refused_<reason>": counts, for metrics
         self._snapshot: PolicySnapshot | None = None
-        self._live: dict[int, NodeLiveState] = {}
+        self._live: dict[int, NodeLiveState] = {}  # the fresh entries: what routing sees
+        self._live_read: dict[int, NodeLiveState] = {}  # every entry of the last successful read
+        self._stale: frozenset[int] = frozenset()  # nodes whose entry is too old (logged once)
         self._rtt_ms: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = asyncio.Event()
@@ -160,12 +170,31 @@ class PolicyStore:
                 logger.warning("live state: skipping an entry that does not decode (%s)", exc)
                 continue
             live[state.node_id] = state
+        self._live_read = live
         rtt_ms = self._rtt_ms
         if raw_rtt is not None:
             try:
                 rtt_ms = rtt_from_region(decode(raw_rtt, RTTTable), self._region)
             except (UnknownSchemaVersion, msgspec.ValidationError, msgspec.DecodeError) as exc:
                 logger.warning("live state: keeping the old RTT table, the new one does not decode (%s)", exc)
+        self._apply_live(rtt_ms)
+
+    def expire_live(self) -> None:
+        """Drop live entries that aged past ``live_stale_s`` since the last read (no Redis needed)."""
+        self._apply_live(self._rtt_ms)
+
+    def _apply_live(self, rtt_ms: dict[int, float]) -> None:
+        cutoff_s = self._clock() - self._live_stale_s
+        live = {node_id: state for node_id, state in self._live_read.items() if state.updated_at >= cutoff_s}
+        stale = frozenset(self._live_read.keys() - live.keys())
+        if stale - self._stale:
+            logger.warning(
+                "live state: entries of node(s) %s are older than %gs; treating them as unknown "
+                "(are the telemetry workers running?)",
+                ", ".join(map(str, sorted(stale - self._stale))),
+                self._live_stale_s,
+            )
+        self._stale = stale
         if live == self._live and rtt_ms == self._rtt_ms:
             return
         self._live, self._rtt_ms = live, rtt_ms
@@ -235,4 +264,5 @@ class PolicyStore:
             try:
                 await self.refresh_live()
             except (RedisError, OSError) as exc:
-                logger.debug("live state: refresh failed (%s); keeping the last one", exc)
+                logger.debug("live state: refresh failed (%s); keeping the fresh part of the last one", exc)
+                self.expire_live()

@@ -39,14 +39,24 @@ from routing.errors import GatewayError
 from routing.inflight import InFlight, Lease
 from routing.metrics import NO_NODE, GatewayMetrics
 from routing.policy_store import PolicyStore
-from routing.prompt import BodyError, Endpoint, ParsedRequest, PrefixIndex, parse_body
+from routing.prompt import (
+    DEFAULT_CHARS_PER_TOKEN,
+    BodyError,
+    Endpoint,
+    ParsedRequest,
+    PrefixIndex,
+    parse_body,
+)
 from routing.requestlog import RequestLog
 from routing.table import RoutingTable
+from routing.token_ratio import CharsPerToken
 from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
 
 logger = logging.getLogger("routing.proxy")
 
 _NO_DOWN: frozenset[int] = frozenset()
+# The last event of an OpenAI stream, with either line ending SSE allows.
+_SSE_DONE_ENDINGS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
 
 
 class _Exchange:
@@ -108,6 +118,7 @@ class Proxy:
         request_log: RequestLog,
         metrics: GatewayMetrics,
         prefix_index: PrefixIndex,
+        chars_per_token: CharsPerToken | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -116,6 +127,7 @@ class Proxy:
         self._request_log = request_log
         self._metrics = metrics
         self._prefix_index = prefix_index
+        self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self._region = config.region
         self._gateway_id = config.gateway_id
         self._max_body_bytes = config.max_body_bytes
@@ -247,7 +259,7 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         candidates = self._candidates(table, parsed.model)
-        prompt_tokens_est = parsed.prompt_tokens_est(table.chars_per_token)
+        prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
         exchange.prompt_tokens_est = prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
@@ -381,6 +393,10 @@ class Proxy:
                     if len(chunk) >= USAGE_TAIL_BYTES
                     else (tail + chunk)[-USAGE_TAIL_BYTES:]
                 )
+                if tail.endswith(_SSE_DONE_ENDINGS):
+                    # The client has the whole answer: OpenAI clients stop at [DONE] and may hang
+                    # up before the node's end of body reaches us. That is not a disconnect.
+                    exchange.finished = True
                 chunk = await content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Mid-stream failure: the status is already sent, so say it in the stream (as vLLM
@@ -452,6 +468,15 @@ class Proxy:
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
+            if (
+                usage is not None
+                and usage.prompt_tokens
+                and parsed is not None
+                and parsed.prompt_tokens_exact is None
+                and self._chars_per_token.observe(parsed.prompt_chars, usage.prompt_tokens)
+            ):
+                # The index counts its chunks in tokens: it follows the estimate's ratio.
+                self._prefix_index.set_chars_per_token(self._chars_per_token.value)
             self._request_log.submit(
                 RequestRecord(
                     schema_version=SCHEMA_VERSION,

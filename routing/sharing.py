@@ -6,8 +6,10 @@ the request path:
 - prefix publisher: every ``prefix_flush_interval_s`` it takes the index's new insertions, merges
   them per node and ``XADD``s one ``PrefixUpdate`` per node to ``RedisKeys.prefix_stream`` (field
   ``PREFIX_STREAM_FIELD``, approximate ``MAXLEN``).
-- prefix reader: ``XREAD``s that stream (blocking, so updates arrive within milliseconds) and
-  applies every other gateway's updates to the local index. At start it replays the newest
+- prefix reader: ``XREAD``s that stream (blocking for at most ``read_block_ms``, so updates arrive
+  within milliseconds) and applies every other gateway's updates to the local index. Each entry
+  also carries its writer's id in a field of its own (``PREFIX_STREAM_GATEWAY_FIELD``), so a
+  gateway skips its own entries without decoding them. At start it replays the newest
   ``warm_start_entries`` entries younger than the index TTL, so a new gateway is not cold.
 - load exchange: every ``load_interval_s`` one pipelined round trip writes this gateway's
   ``GatewayLoad`` into the ``RedisKeys.gateway_load`` hash and reads everyone's. Entries older
@@ -20,6 +22,11 @@ Redis down: each task logs once, retries with exponential backoff and jitter, an
 keeps routing on local data. Peer load older than ``peer_stale_after_s`` is dropped rather than
 trusted forever; prefix insertions made while Redis is down are not shared (the index is an
 estimate; the next insertions of a hot prefix will be).
+
+Stopping: ``stop()`` sets a flag the loops check between commands; every wait is either a sleep
+on that flag or an ``XREAD`` blocking ``read_block_ms`` at most, so the loops end by themselves
+within one block. Tasks are never cancelled mid-command (redis-py can hang when cancelled in the
+middle of one, see ``routing.background``); only a loop still stuck after the grace period is.
 
 Timestamps are unix seconds (``time.time``), so gateways on different hosts need roughly synced
 clocks (NTP); ``peer_stale_after_s`` tolerates a few hundred milliseconds of skew.
@@ -40,8 +47,10 @@ import msgspec
 from redis.asyncio import Redis
 
 from routing.algorithms.base import NodeLoad
+from routing.background import sleep_unless, stop_tasks
 from routing.contract import (
     PREFIX_STREAM_FIELD,
+    PREFIX_STREAM_GATEWAY_FIELD,
     SCHEMA_VERSION,
     GatewayLoad,
     PrefixUpdate,
@@ -54,6 +63,8 @@ from routing.contract import (
 log = logging.getLogger(__name__)
 
 PRUNE_AFTER_S = 60.0
+_UPDATE_FIELD_BYTES = PREFIX_STREAM_FIELD.encode()
+_GATEWAY_FIELD_BYTES = PREFIX_STREAM_GATEWAY_FIELD.encode()
 MAX_HASHES_PER_UPDATE = 2048  # keeps one stream entry under ~50 KB of JSON
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
@@ -88,7 +99,7 @@ class GatewaySharing:
         load_interval_s: float = 0.1,
         peer_stale_after_s: float = 3.0,
         stream_maxlen: int = 10_000,
-        read_block_ms: int = 500,
+        read_block_ms: int = 250,
         warm_start_entries: int = 2_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -109,11 +120,14 @@ class GatewaySharing:
         self._peer_load: Mapping[int, NodeLoad] = MappingProxyType({})
         self._peer_load_at_s = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._own_id = gateway_id.encode()
         self._failing: set[str] = set()
         # Counters for /metrics and tests.
         self.updates_sent = 0
         self.updates_applied = 0
         self.updates_rejected = 0
+        self.own_updates_skipped = 0
         self.redis_errors = 0
 
     @property
@@ -132,36 +146,44 @@ class GatewaySharing:
         """Start the background tasks (returns at once; Redis may be down)."""
         if self._tasks:
             return
+        self._stopping.clear()
         self._tasks = [
-            asyncio.create_task(self._forever("prefix-publish", self._publish_prefixes_once)),
-            asyncio.create_task(self._read_prefixes()),
-            asyncio.create_task(self._forever("load-exchange", self._exchange_load_once)),
+            asyncio.create_task(
+                self._forever("prefix-publish", self._publish_prefixes_once), name="gorgo-prefix-publish"
+            ),
+            asyncio.create_task(self._read_prefixes(), name="gorgo-prefix-read"),
+            asyncio.create_task(
+                self._forever("load-exchange", self._exchange_load_once), name="gorgo-load-exchange"
+            ),
         ]
 
     async def stop(self) -> None:
-        """Stop the tasks and withdraw this gateway's load entry (best effort, bounded)."""
+        """Stop the tasks and withdraw this gateway's load entry (best effort, bounded).
+
+        The loops see the flag at their next wait, at most one ``XREAD`` block (or one Redis
+        command timeout) away; only one still running after that grace period is cancelled.
+        """
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._stopping.set()
+        await stop_tasks(tasks, grace_s=self.read_block_ms / 1000.0 + 1.0, timeout_s=1.0)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._redis.hdel(self._keys.gateway_load, self.gateway_id), 0.5)
 
     async def _forever(self, name: str, once: Callable[[], Awaitable[float]]) -> None:
         backoff_s = BACKOFF_MIN_S
-        while True:
+        while not self._stopping.is_set():
             try:
                 pause_s = await once()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis errors, timeouts, a bad document: never kill the gateway
                 self._failed(name, exc)
-                await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                pause_s = backoff_s * (0.5 + random.random())
                 backoff_s = min(backoff_s * 2.0, BACKOFF_MAX_S)
-                continue
-            self._recovered(name)
-            backoff_s = BACKOFF_MIN_S
-            await asyncio.sleep(pause_s)
+            else:
+                self._recovered(name)
+                backoff_s = BACKOFF_MIN_S
+            await sleep_unless(self._stopping, pause_s)
 
     def _failed(self, name: str, exc: BaseException) -> None:
         self.redis_errors += 1
@@ -185,7 +207,7 @@ class GatewaySharing:
             for update in updates:
                 pipe.xadd(
                     self._keys.prefix_stream,
-                    {PREFIX_STREAM_FIELD: encode(update)},
+                    {PREFIX_STREAM_GATEWAY_FIELD: self._own_id, PREFIX_STREAM_FIELD: encode(update)},
                     maxlen=self.stream_maxlen,
                     approximate=True,
                 )
@@ -226,10 +248,11 @@ class GatewaySharing:
     async def _read_prefixes(self) -> None:
         last_id: bytes | str | None = None
         backoff_s = BACKOFF_MIN_S
-        while True:
+        while not self._stopping.is_set():
             try:
                 if last_id is None:
                     last_id = await self._warm_start()
+                # A short block: the loop must come back to see the stop flag (see stop()).
                 response = await self._redis.xread(
                     {self._keys.prefix_stream: last_id}, count=500, block=self.read_block_ms
                 )
@@ -237,7 +260,7 @@ class GatewaySharing:
                 raise
             except Exception as exc:
                 self._failed("prefix-read", exc)
-                await asyncio.sleep(backoff_s * (0.5 + random.random()))
+                await sleep_unless(self._stopping, backoff_s * (0.5 + random.random()))
                 backoff_s = min(backoff_s * 2.0, BACKOFF_MAX_S)
                 continue
             self._recovered("prefix-read")
@@ -258,7 +281,10 @@ class GatewaySharing:
         return entries[0][0]
 
     def _apply_entry(self, fields: Mapping[bytes | str, bytes | str], oldest_s: float | None = None) -> None:
-        raw = fields.get(PREFIX_STREAM_FIELD.encode())
+        if fields.get(_GATEWAY_FIELD_BYTES) == self._own_id:
+            self.own_updates_skipped += 1  # our own insertions: already in the index, skip the decode
+            return
+        raw = fields.get(_UPDATE_FIELD_BYTES)
         if raw is None:
             raw = fields.get(PREFIX_STREAM_FIELD)
         if raw is None:

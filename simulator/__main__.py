@@ -2,8 +2,12 @@
 
     python -m simulator --topology simulator/topologies/default.toml
     python -m simulator --only us-east-1 --auto-ports      # one node on a free port
+    python -m simulator --auto-ports --region-ports --engine prefill_tokens_per_s=10000 --json
 
 Prints one line per node (node, region, URL) once every node listens, then a ``ready`` line.
+With ``--json`` the table is one JSON object instead (``{"nodes": [{"name", "region", "url",
+"region_urls"}]}``), for scripts. ``--region-ports`` adds one port per region to every node: a
+request there pays that region's WAN delay without the ``X-Gorgo-Region`` header.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
+from typing import Any
 
+from simulator.control import serve_control
 from simulator.fleet import Fleet
 from simulator.runtime import run
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, TopologyError, load_topology
@@ -38,7 +45,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="multiply every emulated duration (engine steps, WAN delays); 0.1 runs 10x faster",
     )
+    parser.add_argument(
+        "--region-ports",
+        action="store_true",
+        help="also serve each node on one port per region, which applies that region's RTT",
+    )
+    parser.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override an engine parameter of every node (repeatable), e.g. kv_capacity_blocks=4096",
+    )
+    parser.add_argument("--json", action="store_true", help="print the nodes as one JSON line")
+    parser.add_argument(
+        "--control-port",
+        type=int,
+        default=None,
+        help="serve the fault-injection API (crash/restart nodes; simulator.control) on this port",
+    )
     return parser
+
+
+def parse_engine_overrides(items: list[str]) -> dict[str, int | float]:
+    """``["name=value", ...]`` -> overrides; integers stay integers (the engine checks the names)."""
+    overrides: dict[str, int | float] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--engine expects NAME=VALUE, got {item!r}")
+        try:
+            value: int | float = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ValueError(f"--engine {name}: {raw!r} is not a number") from None
+        overrides[name.strip()] = value
+    return overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,35 +96,57 @@ def main(argv: list[str] | None = None) -> int:
             auto_ports=args.auto_ports,
             port_offset=args.port_offset,
             only=only,
+            engine_overrides=parse_engine_overrides(args.engine),
             time_scale=args.time_scale,
+            region_ports=args.region_ports,
         )
     except (TopologyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        return run(_serve(fleet))
+        return run(_serve(fleet, as_json=args.json, control_port=args.control_port))
     except OSError as exc:  # typically a port already in use
         print(f"error: cannot listen: {exc}", file=sys.stderr)
         return 1
 
 
-async def _serve(fleet: Fleet) -> int:
+async def _serve(fleet: Fleet, *, as_json: bool = False, control_port: int | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     async with fleet:
-        print(format_table(fleet), flush=True)
+        control = None
+        if control_port is not None:
+            control = await serve_control(fleet, "127.0.0.1", control_port)  # fault injection: loopback only
+            print(f"control API on http://127.0.0.1:{control_port} (python -m simulator.control)", flush=True)
+        print(json.dumps(describe(fleet)) if as_json else format_table(fleet), flush=True)
         print(f"{READY_LINE}: {len(fleet.nodes)} node(s); stop with Ctrl-C", flush=True)
         await stop.wait()
         print("simulator stopping", flush=True)
+        if control is not None:
+            await control.cleanup()
     return 0
 
 
+def describe(fleet: Fleet) -> dict[str, Any]:
+    """The fleet's nodes and their URLs, as ``--json`` prints them."""
+    return {
+        "nodes": [
+            {"name": n.name, "region": n.region, "url": n.url, "region_urls": dict(n.region_urls)}
+            for n in fleet.nodes.values()
+        ]
+    }
+
+
 def format_table(fleet: Fleet) -> str:
-    rows = [("node", "region", "url")] + [(n.name, n.region, n.url) for n in fleet.nodes.values()]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    regions = [region.slug for region in fleet.topology.regions] if fleet.region_ports else []
+    rows = [("node", "region", "url", *(f"as {region}" for region in regions))] + [
+        (n.name, n.region, n.url, *(n.region_urls.get(region, "") for region in regions))
+        for n in fleet.nodes.values()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows)
 
 

@@ -6,6 +6,11 @@
         await fleet.stop_node("us-east-1")          # crash: connections in flight are cut
         await fleet.start_node("us-east-1")         # restart on the same port, empty cache
 
+    # One extra port per region on every node: requests there pay that region's WAN delay
+    # without the X-Gorgo-Region header (for routers that cannot add it).
+    async with Fleet.start(topology, auto_ports=True, region_ports=True) as fleet:
+        fleet.node("us-east-1").url_for("ap-south")  # reach us-east-1 as an ap-south client
+
 All nodes share the caller's event loop.
 """
 
@@ -34,11 +39,13 @@ class Fleet:
         engine_overrides: Mapping[str, Any] | None = None,
         node_engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         time_scale: float = 1.0,
+        region_ports: bool = False,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.topology = topology
         self.auto_ports = auto_ports
+        self.region_ports = region_ports
         self._host = host
         self._port_offset = port_offset
         names = [node.name for node in topology.nodes]
@@ -99,6 +106,10 @@ class Fleet:
     def urls(self) -> dict[str, str]:
         return {name: node.url for name, node in self.nodes.items()}
 
+    def urls_for(self, region: str) -> dict[str, str]:
+        """Node name -> the URL that reaches it as a client in ``region`` (needs ``region_ports``)."""
+        return {name: node.url_for(region) for name, node in self.nodes.items()}
+
     def in_region(self, region: str) -> list[SimNode]:
         return [node for node in self.nodes.values() if node.region == region]
 
@@ -115,4 +126,4 @@ class Fleet:
             port = node.bound_port  # a restart keeps its port, even an auto-assigned one
         else:
             port = 0 if self.auto_ports else node.spec.port + self._port_offset
-        await node.start(self._host or node.spec.host, port)
+        await node.start(self._host or node.spec.host, port, region_ports=self.region_ports)

@@ -70,6 +70,16 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
 
 
+class TokenizeRequest(msgspec.Struct):
+    """``POST /tokenize``: a completion ``prompt`` or chat ``messages`` (vLLM's two shapes)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True
+
+
 T = TypeVar("T")
 
 

@@ -2,9 +2,16 @@
 
 Routes (as vLLM's OpenAI-compatible server): ``POST /v1/chat/completions``, ``POST
 /v1/completions`` (both streaming and not), ``GET /v1/models``, ``GET /health`` (200 with an
-empty body, 503 once the engine is dead) and ``GET /metrics``. Every response carries
+empty body, 503 once the engine is dead), ``GET /metrics``, and the tokenizer endpoints routers
+call before routing: ``POST /tokenize``, ``POST /v1/chat/completions/render`` and ``POST
+/v1/completions/render`` (token ids of a request, as the engine would see them; no generation). Every response carries
 ``x-gorgo-sim-node: <node name>`` so tests and the traffic generator can tell which node
 answered; that is the only addition to vLLM's interface.
+
+Region ports (``start(..., region_ports=True)``): besides its own port the node listens on one
+extra port per region of the topology, and a request that arrives on region R's port pays R's
+round trip as if it carried ``X-Gorgo-Region: R`` (whatever header it has). A client that cannot
+set the header, such as another router, reaches the node "from" R through ``url_for(R)``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from simulator.protocol import (
     ChunkRenderer,
     CompletionRequest,
     RequestError,
+    TokenizeRequest,
     chat_completion_body,
     completion_body,
     decode_request,
@@ -57,6 +65,10 @@ class SimNode:
         self.host = spec.host
         self.port = spec.port
         self.bound_port: int | None = None  # the port of the first successful start
+        self.region_urls: dict[str, str] = {}  # client region -> URL of its region port
+        self._topology = topology
+        self._port_regions: dict[int, str] = {}  # local port -> the client region it stands for
+        self._bound_region_ports: dict[str, int] = {}  # kept across restarts, like bound_port
         self.wan = WANEmulator(topology, spec.name, spec.region, time_scale=time_scale)
         self.engine: Engine | None = None
         self.metrics: NodeMetrics | None = None
@@ -71,10 +83,24 @@ class SimNode:
     def running(self) -> bool:
         return self._runner is not None
 
+    def url_for(self, region: str) -> str:
+        """The URL that reaches this node as a client in ``region`` (needs ``region_ports``)."""
+        try:
+            return self.region_urls[region]
+        except KeyError:
+            raise KeyError(
+                f"node {self.name} has no port for region {region!r}; start it with region_ports=True"
+                f" (regions: {sorted(self.region_urls) or 'none'})"
+            ) from None
+
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, host: str, port: int) -> None:
-        """Boot a fresh engine (empty KV cache, zeroed counters, like a restarted vLLM) and listen."""
+    async def start(self, host: str, port: int, *, region_ports: bool = False) -> None:
+        """Boot a fresh engine (empty KV cache, zeroed counters, like a restarted vLLM) and listen.
+
+        With ``region_ports``, also listen on one port per topology region (free ports the first
+        time, the same ones on a restart); see ``url_for``.
+        """
         if self._runner is not None:
             raise RuntimeError(f"node {self.name} is already running")
         params = self.params
@@ -93,19 +119,34 @@ class SimNode:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/v1/chat/completions/render", self._render_chat)
+        app.router.add_post("/v1/completions/render", self._render_completion)
         # handler_cancellation: a client that hangs up cancels its handler, which aborts the
         # request in the engine and frees its KV blocks, as vLLM does.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
+            main_port = runner.addresses[-1][1]
+            region_port_of: dict[str, int] = {}
+            if region_ports:
+                for region in self._topology.regions:
+                    site = web.TCPSite(runner, host, self._bound_region_ports.get(region.slug, 0))
+                    await site.start()
+                    region_port_of[region.slug] = runner.addresses[-1][1]  # the site just started
         except BaseException:
             await runner.cleanup()
             await self.engine.stop()
             raise
         self._runner = runner
         self.host = host
-        self.port = self.bound_port = runner.addresses[0][1]
+        self.port = self.bound_port = main_port
+        self._bound_region_ports.update(region_port_of)
+        self._port_regions = {region_port: region for region, region_port in region_port_of.items()}
+        self.region_urls = {
+            region: f"http://{host}:{region_port}" for region, region_port in region_port_of.items()
+        }
 
     async def stop(self) -> None:
         """Stop abruptly: requests in flight lose their connection, as when vLLM dies."""
@@ -119,7 +160,13 @@ class SimNode:
 
     @web.middleware
     async def _wan_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        inbound_s, outbound_s = self.wan.one_way_delays_s(request.headers.get(REGION_HEADER))
+        region = request.headers.get(REGION_HEADER)
+        if self._port_regions:
+            # A region port stands for its region, whatever the header says.
+            sockname = request.transport.get_extra_info("sockname") if request.transport else None
+            if sockname is not None:
+                region = self._port_regions.get(sockname[1], region)
+        inbound_s, outbound_s = self.wan.one_way_delays_s(region)
         request[_OUT_DELAY_KEY] = outbound_s
         if inbound_s > 0:
             await asyncio.sleep(inbound_s)
@@ -176,6 +223,60 @@ class SimNode:
             ],
         }
         return json_response({"object": "list", "data": [card]})
+
+    # ------------------------------------------------------------------ tokenizer endpoints
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize``: ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+        try:
+            parsed = decode_request(await request.read(), TokenizeRequest)
+            self._check_model(parsed.model)
+            if parsed.messages is not None:
+                messages = _chat_messages(ChatCompletionRequest(messages=parsed.messages))
+                ids = tokenize(render_chat(messages, add_generation_prompt=parsed.add_generation_prompt))
+            elif parsed.prompt is not None:
+                ids = (
+                    tokenize_completion_prompt(parsed.prompt)
+                    if parsed.add_special_tokens
+                    else tokenize(parsed.prompt)
+                )
+            else:
+                raise RequestError("Either prompt or messages must be provided.", param="prompt")
+        except RequestError as exc:
+            return error_response(exc)
+        return json_response(
+            {"count": len(ids), "max_model_len": self.params.max_model_len, "tokens": ids, "token_strs": None}
+        )
+
+    async def _render_chat(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/chat/completions/render``: the request as token ids (a ``GenerateRequest``)."""
+        try:
+            parsed = decode_request(await request.read(), ChatCompletionRequest)
+            self._check_model(parsed.model)
+            ids = tokenize(render_chat(_chat_messages(parsed)))
+            max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+        except RequestError as exc:
+            return error_response(exc)
+        return json_response(self._generate_request(ids, max_tokens, parsed.stream))
+
+    async def _render_completion(self, request: web.Request) -> web.Response:
+        """vLLM's ``/v1/completions/render``: a list of one ``GenerateRequest``."""
+        try:
+            parsed = decode_request(await request.read(), CompletionRequest)
+            self._check_model(parsed.model)
+            ids = _completion_prompt_ids(parsed)
+        except RequestError as exc:
+            return error_response(exc)
+        return json_response([self._generate_request(ids, parsed.max_tokens, parsed.stream)])
+
+    def _generate_request(self, ids: list[int], max_tokens: int | None, stream: bool) -> dict[str, Any]:
+        return {
+            "request_id": uuid.uuid4().hex,
+            "token_ids": ids,
+            "sampling_params": {"max_tokens": max_tokens},
+            "model": self.model,
+            "stream": stream,
+        }
 
     # ------------------------------------------------------------------ generation
 

@@ -2,7 +2,7 @@
 
 The stub node speaks vLLM's OpenAI API (SSE chunks as in /work/shared/fixtures/vllm_chat_stream.txt)
 and is steered per request through an extra ``stub`` object in the body, which the gateway forwards
-unchanged: ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200}}``.
+unchanged: ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200, "eof_delay_s": 0}}``.
 """
 
 from __future__ import annotations
@@ -252,6 +252,9 @@ class StubNode:
                 chunk = {"id": "cmpl-stub", "choices": [], "usage": usage}
                 await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
+            if stub.get("eof_delay_s"):
+                # The end of the body arrives after [DONE] (a slow last TCP segment).
+                await asyncio.sleep(stub["eof_delay_s"])
             await response.write_eof()
             self.streams_finished += 1
         except (ConnectionResetError, asyncio.CancelledError):

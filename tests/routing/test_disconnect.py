@@ -42,6 +42,32 @@ class TestDisconnect:
         assert record.status == 499 and record.error == "client disconnected"
         assert record.ttft_ms is not None
 
+    async def test_it_records_a_complete_stream_as_200_when_the_client_hangs_up_after_done(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        # OpenAI clients stop reading at `data: [DONE]` and may close the connection before the
+        # gateway has read the end of the upstream body: that is a finished request, not a 499.
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+        request = {
+            **BODY,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "stub": {"chunks": 3, "eof_delay_s": 0.3},
+        }
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            async with gateway.http.stream(
+                "POST", f"{gateway.url}/v1/chat/completions", json=request
+            ) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line == "data: [DONE]":
+                        break  # hang up at once, as the traffic generator and SDKs do
+            await wait_for(lambda: _count(aredis, redis_keys, 1))
+            await wait_for(lambda: stubs[0].streams_finished == 1)  # we read its body to the end
+        (record,) = await records(aredis, redis_keys)
+        assert record.status == 200 and record.error is None
+        assert record.completion_tokens == 3  # the usage event was read: the stream counted whole
+
     async def test_it_cancels_a_waiting_request_when_the_client_leaves(
         self, aredis, redis_keys, redis_url, stubs
     ):

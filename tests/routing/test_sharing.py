@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
+from routing import sharing as sharing_module
 from routing.algorithms.base import NodeLoad
-from routing.contract import SCHEMA_VERSION, GatewayLoad, RedisKeys, encode
+from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
 from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
 from tests.conftest import free_port
@@ -226,3 +227,41 @@ async def _switchable_proxy(redis_url: str) -> AsyncIterator[tuple[int, Callable
             task.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
         await server.wait_closed()
+
+
+async def test_it_stops_its_loops_without_cancelling_them(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    # redis-py can hang when a command is cancelled midway: the loops must end on their own,
+    # even the reader parked in a blocking XREAD.
+    sharing = gateway(client, redis_keys, "east", read_block_ms=200)
+    await sharing.start()
+    tasks = list(sharing._tasks)
+    await eventually(lambda: sharing.connected and sharing._peer_load_at_s > 0)
+    await asyncio.sleep(0.05)  # the reader is now inside XREAD
+    await sharing.stop()
+    assert all(task.done() for task in tasks)
+    assert [task.get_name() for task in tasks if task.cancelled()] == []
+    assert await client.ping()  # the shared connection pool is still usable
+
+
+async def test_it_skips_its_own_stream_entries_without_decoding_them(
+    client: aioredis.Redis, redis_keys: RedisKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[bytes | str] = []
+    real_decode = sharing_module.decode
+
+    def counting_decode(data, type_):  # type: ignore[no-untyped-def]
+        if type_ is PrefixUpdate:
+            decoded.append(data)
+        return real_decode(data, type_)
+
+    monkeypatch.setattr(sharing_module, "decode", counting_decode)
+    east = ApproxPrefixIndex()
+    async with running(gateway(client, redis_keys, "east", east)) as sharing:
+        for number in range(5):
+            east.insert(number + 1, text(f"own{number}", 2))
+            await eventually(lambda number=number: sharing.updates_sent == number + 1)
+        await eventually(lambda: sharing.own_updates_skipped == 5)
+    assert decoded == []
+    assert sharing.updates_applied == 0

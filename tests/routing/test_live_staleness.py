@@ -1,0 +1,104 @@
+"""Live node state older than ``GORGO_LIVE_STALE_S`` is ignored: the node counts as unmeasured."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.exceptions
+
+from routing.algorithms import REGISTRY
+from routing.config import GatewayConfig
+from routing.contract import SCHEMA_VERSION, NodeLiveState, encode
+from routing.policy_store import PolicyStore, make_redis
+from tests.routing.support import make_node, make_snapshot, publish
+
+MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class Clock:
+    """Unix seconds the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = time.time()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+async def write_live(aredis, keys, node_id: int, *, healthy: bool, updated_at: float) -> None:
+    state = NodeLiveState(SCHEMA_VERSION, node_id, healthy, updated_at, num_running=7.0)
+    await aredis.hset(keys.live_nodes, str(node_id), encode(state))
+
+
+def candidate_ids(store: PolicyStore) -> list[int]:
+    assert store.table is not None
+    return [node.id for node in store.table.candidates[MODEL_NAME]]
+
+
+_opened: list[PolicyStore] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_stores() -> AsyncIterator[None]:
+    yield
+    while _opened:
+        await _opened.pop()._redis.aclose()
+
+
+async def loaded_store(aredis, redis_keys, redis_url, clock: Clock, **options) -> PolicyStore:
+    """A policy store over two nodes, loaded once (its background tasks are not started)."""
+    await publish(aredis, redis_keys, make_snapshot((make_node(1), make_node(2))))
+    store = PolicyStore(make_redis(redis_url), redis_keys, "us-east", REGISTRY, clock=clock, **options)
+    _opened.append(store)
+    await store.refresh_live()
+    assert await store.reload_policy()
+    return store
+
+
+class TestLiveStaleness:
+    async def test_it_excludes_a_node_marked_unhealthy_recently(self, aredis, redis_keys, redis_url):
+        clock = Clock()
+        await write_live(aredis, redis_keys, 1, healthy=False, updated_at=clock.now_s - 5)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        assert candidate_ids(store) == [2]
+        assert store.table is not None and 1 in store.table.live
+
+    async def test_it_ignores_an_unhealthy_mark_once_it_is_older_than_the_limit(
+        self, aredis, redis_keys, redis_url
+    ):
+        clock = Clock()
+        await write_live(aredis, redis_keys, 1, healthy=False, updated_at=clock.now_s - 5)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        assert candidate_ids(store) == [2]
+        clock.now_s += 26  # the workers stopped writing 31 s ago
+        await store.refresh_live()
+        assert candidate_ids(store) == [1, 2]
+        assert store.table is not None and 1 not in store.table.live  # unknown, not "healthy"
+
+    async def test_it_does_not_trust_a_stale_healthy_entry_either(self, aredis, redis_keys, redis_url):
+        clock = Clock()
+        await write_live(aredis, redis_keys, 2, healthy=True, updated_at=clock.now_s - 60)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        # Its scraped load (num_running=7) would steer gorgo; a minute-old scrape must not.
+        assert store.table is not None and store.table.live == {}
+
+    async def test_it_ages_entries_out_while_redis_is_unreachable(self, aredis, redis_keys, redis_url):
+        clock = Clock()
+        await write_live(aredis, redis_keys, 1, healthy=False, updated_at=clock.now_s)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        assert candidate_ids(store) == [2]
+        await store._redis.aclose()
+        store._redis = make_redis("redis://127.0.0.1:1/0")  # nothing listens there
+        clock.now_s += 31
+        try:
+            await store.refresh_live()
+        except (redis.exceptions.RedisError, OSError):
+            store.expire_live()  # what the periodic task does when a refresh fails
+        assert candidate_ids(store) == [1, 2]
+
+    def test_it_reads_the_limit_from_the_environment(self):
+        assert GatewayConfig.from_env({"GORGO_REGION": "us-east"}).live_stale_s == 30.0
+        config = GatewayConfig.from_env({"GORGO_REGION": "us-east", "GORGO_LIVE_STALE_S": "12.5"})
+        assert config.live_stale_s == 12.5
