@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import redis
 from django.test import Client
 
 from controlplane.fleet.accounts import Account, ensure_account
-from controlplane.fleet.models import Model, Node, Region
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import redis_client
 from routing.contract import RedisKeys
+from tests.controlplane.support import LLAMA, Fleet, make_fleet
 
-LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
-REGIONS = {
-    "us-east": ("US East (Ashburn)", 39.04, -77.49),
-    "eu-central": ("EU Central (Frankfurt)", 50.11, 8.68),
-    "ap-south": ("AP South (Mumbai)", 19.08, 72.88),
-}
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """Three regions, one model, two nodes per region (nothing listens on their ports)."""
-
-    regions: dict[str, Region]
-    model: Model
-    nodes: dict[str, Node]
+__all__ = ["LLAMA", "Fleet"]  # the dashboard tests import these from here
 
 
 @pytest.fixture(autouse=True)
@@ -75,22 +60,7 @@ def viewer_client(viewer: Account) -> Client:
 
 @pytest.fixture
 def fleet(db) -> Fleet:
-    regions = {
-        slug: Region.objects.create(slug=slug, name=name, latitude=lat, longitude=lon)
-        for slug, (name, lat, lon) in REGIONS.items()
-    }
-    model = Model.objects.create(name=LLAMA)
-    nodes = {}
-    port = 9201
-    for slug, region in regions.items():
-        for index in (1, 2):
-            node = Node.objects.create(
-                name=f"{slug}-{index}", region=region, base_url=f"http://127.0.0.1:{port}"
-            )
-            node.served_models.add(model)
-            nodes[node.name] = node
-            port += 1
-    return Fleet(regions=regions, model=model, nodes=nodes)
+    return make_fleet()
 
 
 @pytest.fixture
