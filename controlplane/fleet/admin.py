@@ -8,7 +8,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from controlplane.fleet.choices import NodeStateChoices
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 
 
 class InUseDeleteMixin:
@@ -37,7 +37,7 @@ class RegionAdmin(InUseDeleteMixin, admin.ModelAdmin):
         return region.node_count
 
 
-@admin.register(Model)
+@admin.register(LLMModel)
 class LLMModelAdmin(InUseDeleteMixin, admin.ModelAdmin):
     list_display = ["name", "kv_block_size", "max_context_tokens", "node_count"]
     search_fields = ["name"]
@@ -46,7 +46,7 @@ class LLMModelAdmin(InUseDeleteMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(node_count=Count("nodes"))
 
     @admin.display(ordering="node_count", description="nodes")
-    def node_count(self, model: Model) -> int:
+    def node_count(self, model: LLMModel) -> int:
         return model.node_count
 
 

@@ -8,7 +8,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 
 from controlplane.fleet.choices import NodeStateChoices
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 
 
 @extend_schema_field(OpenApiTypes.STR)
@@ -35,7 +35,7 @@ class LLMModelFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains", label="Search")
 
     class Meta:
-        model = Model
+        model = LLMModel
         fields = ["name"]
 
 
@@ -45,7 +45,9 @@ class NodeFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label="Search")
     region = SlugsFilter(field_name="region__slug", to_field_name="slug", queryset=Region.objects.all())
     state = django_filters.MultipleChoiceFilter(choices=NodeStateChoices.choices)
-    model = SlugsFilter(field_name="served_models__name", to_field_name="name", queryset=Model.objects.all())
+    model = SlugsFilter(
+        field_name="served_models__name", to_field_name="name", queryset=LLMModel.objects.all()
+    )
 
     class Meta:
         model = Node

@@ -29,7 +29,7 @@ class Region(models.Model):
         return self.slug
 
 
-class Model(models.Model):
+class LLMModel(models.Model):
     """A model the fleet serves, by the name clients send in the OpenAI ``model`` field."""
 
     name = models.CharField(max_length=200, unique=True)
@@ -41,6 +41,8 @@ class Model(models.Model):
     )
 
     class Meta:
+        # The class was called ``Model`` before; the table keeps its name.
+        db_table = "fleet_model"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -58,7 +60,7 @@ class Node(models.Model):
         validators=[http_url_validator],
         help_text="Where the node's OpenAI API lives, e.g. http://10.0.0.5:8000 (no /v1).",
     )
-    served_models = models.ManyToManyField(Model, related_name="nodes", blank=True)
+    served_models = models.ManyToManyField(LLMModel, related_name="nodes", blank=True)
     gpu_type = models.CharField(max_length=64, default="H100")
     gpu_count = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     max_num_seqs = models.PositiveIntegerField(

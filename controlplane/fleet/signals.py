@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def _schedule_republish(reason: str) -> None:
 
 @receiver(post_save, sender=Node)
 @receiver(post_save, sender=Region)
-@receiver(post_save, sender=Model)
+@receiver(post_save, sender=LLMModel)
 def _fleet_saved(sender, instance, created, raw=False, **kwargs) -> None:
     if raw:
         return
@@ -42,7 +42,7 @@ def _fleet_saved(sender, instance, created, raw=False, **kwargs) -> None:
 
 @receiver(post_delete, sender=Node)
 @receiver(post_delete, sender=Region)
-@receiver(post_delete, sender=Model)
+@receiver(post_delete, sender=LLMModel)
 def _fleet_deleted(sender, instance, **kwargs) -> None:
     _schedule_republish(f"{sender.__name__.lower()} {instance} removed")
 

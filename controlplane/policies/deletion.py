@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from controlplane.fleet.models import Model, Region
+from controlplane.fleet.models import LLMModel, Region
 from controlplane.policies.models import RoutingPolicy
 
 
@@ -18,7 +18,7 @@ def delete_blockers(obj: models.Model) -> list[str]:
     """Human-readable reasons ``obj`` must not be deleted; empty when it may be."""
     if isinstance(obj, Region):
         return _region_blockers(obj)
-    if isinstance(obj, Model):
+    if isinstance(obj, LLMModel):
         return _model_blockers(obj)
     if isinstance(obj, RoutingPolicy):
         return _policy_blockers(obj)
@@ -53,7 +53,7 @@ def _region_blockers(region: Region) -> list[str]:
     return reasons
 
 
-def _model_blockers(model: Model) -> list[str]:
+def _model_blockers(model: LLMModel) -> list[str]:
     reasons = []
     nodes = model.nodes.order_by("name")
     if nodes.exists():

@@ -27,7 +27,7 @@ class RoutingPolicy(models.Model):
         help_text="Algorithm parameters; omitted ones take their documented defaults.",
     )
     model_scope = models.ManyToManyField(
-        "fleet.Model",
+        "fleet.LLMModel",
         related_name="routing_policies",
         blank=True,
         help_text="Models this policy serves; empty means every model of the fleet.",

@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract
 from routing.contract import (
@@ -105,7 +105,7 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
     )
     models = tuple(
         ModelSpec(name=m.name, kv_block_size=m.kv_block_size, max_context_tokens=m.max_context_tokens)
-        for m in Model.objects.order_by("name")
+        for m in LLMModel.objects.order_by("name")
     )
     nodes = tuple(
         NodeSpec(
@@ -272,12 +272,12 @@ def rollback(
         ]
         policy.max_rtt_ms = spec.max_rtt_ms
         missing = set(spec.model_scope) - set(
-            Model.objects.filter(name__in=spec.model_scope).values_list("name", flat=True)
+            LLMModel.objects.filter(name__in=spec.model_scope).values_list("name", flat=True)
         )
         if missing:
             raise ValidationError({"model_scope": f"Models no longer exist: {', '.join(sorted(missing))}."})
         policy.save()
-        policy.model_scope.set(Model.objects.filter(name__in=spec.model_scope))
+        policy.model_scope.set(LLMModel.objects.filter(name__in=spec.model_scope))
         return publish(
             policy,
             author=author,

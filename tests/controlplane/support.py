@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import redis
 from rest_framework.test import APIClient
 
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from routing import contract
 from routing.contract import PolicySnapshot, RedisKeys
 
@@ -24,11 +24,11 @@ class Fleet:
     """Three regions, one model and two nodes per region (ports 9101..9106, nothing listens)."""
 
     regions: dict[str, Region]
-    model: Model
+    model: LLMModel
     nodes: dict[str, Node]
 
 
-def make_regions_and_model() -> tuple[dict[str, Region], Model]:
+def make_regions_and_model() -> tuple[dict[str, Region], LLMModel]:
     """The three demo regions and the demo model (reused when they exist)."""
     regions = {
         slug: Region.objects.get_or_create(
@@ -36,7 +36,7 @@ def make_regions_and_model() -> tuple[dict[str, Region], Model]:
         )[0]
         for slug, (name, lat, lon) in REGIONS.items()
     }
-    model, _ = Model.objects.get_or_create(
+    model, _ = LLMModel.objects.get_or_create(
         name=LLAMA, defaults={"kv_block_size": 16, "max_context_tokens": 32768}
     )
     return regions, model

@@ -19,7 +19,7 @@ def admin_client_for_operator(client, operator):
     "url",
     [
         "/admin/fleet/region/",
-        "/admin/fleet/model/",
+        "/admin/fleet/llmmodel/",
         "/admin/fleet/node/",
         "/admin/fleet/node/add/",
         "/admin/policies/routingpolicy/",

@@ -32,7 +32,7 @@ def test_it_gives_operators_every_fleet_and_policy_permission_and_viewers_only_v
     )
     for app, model in [
         ("fleet", "region"),
-        ("fleet", "model"),
+        ("fleet", "llmmodel"),
         ("fleet", "node"),
         ("policies", "routingpolicy"),
     ]:

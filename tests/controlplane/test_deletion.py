@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.fleet.models import Model, Region
+from controlplane.fleet.models import LLMModel, Region
 from controlplane.policies.models import RoutingPolicy
 
 
@@ -45,11 +45,11 @@ def test_it_refuses_to_delete_a_region_named_in_residency_rules(operator_client,
 
 def test_it_refuses_to_delete_a_served_model(operator_client, fleet) -> None:
     assert_conflict(operator_client.delete(f"/api/v1/models/{fleet.model.pk}/"), "served by", "us-east-1")
-    assert Model.objects.filter(pk=fleet.model.pk).exists()
+    assert LLMModel.objects.filter(pk=fleet.model.pk).exists()
 
 
 def test_it_refuses_to_delete_a_model_in_a_policy_scope(operator_client, fleet) -> None:
-    model = Model.objects.create(name="org/unserved")
+    model = LLMModel.objects.create(name="org/unserved")
     RoutingPolicy.objects.create(name="scoped").model_scope.add(model)
     assert_conflict(operator_client.delete(f"/api/v1/models/{model.pk}/"), "model scope of scoped")
 
@@ -65,7 +65,7 @@ def test_it_shows_the_same_reasons_in_the_admin(client, operator, fleet) -> None
     assert Region.objects.filter(pk=region.pk).exists()
     model = fleet.model
     bulk = client.post(
-        "/admin/fleet/model/", {"action": "delete_selected", "_selected_action": [model.pk], "post": "yes"}
+        "/admin/fleet/llmmodel/", {"action": "delete_selected", "_selected_action": [model.pk], "post": "yes"}
     )
     assert bulk.status_code == 200
-    assert Model.objects.filter(pk=model.pk).exists()
+    assert LLMModel.objects.filter(pk=model.pk).exists()

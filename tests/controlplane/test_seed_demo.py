@@ -10,7 +10,7 @@ from django.core import serializers
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from controlplane.policies.publishing import redis_client
 from tests.controlplane.support import LLAMA, client_for, live_snapshot
@@ -27,7 +27,7 @@ def seed() -> str:
 def database_dump() -> str:
     objects = [
         *Region.objects.all(),
-        *Model.objects.all(),
+        *LLMModel.objects.all(),
         *Node.objects.all(),
         *RoutingPolicy.objects.all(),
         *PolicyVersion.objects.all(),

@@ -36,10 +36,10 @@ INTERVAL_S = "1"
 T = TypeVar("T")
 
 SEED = """
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from simulator.topology import load_topology
 topology = load_topology({topology!r})
-model = Model.objects.create(name={model!r})
+model = LLMModel.objects.create(name={model!r})
 for region in topology.regions:
     Region.objects.create(slug=region.slug, name=region.name, latitude=region.latitude, longitude=region.longitude)
 for name, url in {urls!r}.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from controlplane.api import ValidatedModelSerializer
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 
 
 class RegionSerializer(ValidatedModelSerializer):
@@ -26,7 +26,7 @@ class LLMModelSerializer(ValidatedModelSerializer):
     node_count = serializers.IntegerField(read_only=True, default=0)
 
     class Meta:
-        model = Model
+        model = LLMModel
         fields = ["id", "url", "name", "kv_block_size", "max_context_tokens", "node_count"]
 
 
@@ -38,7 +38,7 @@ class NodeSerializer(ValidatedModelSerializer):
     models = serializers.SlugRelatedField(
         many=True,
         slug_field="name",
-        queryset=Model.objects.all(),
+        queryset=LLMModel.objects.all(),
         source="served_models",
         required=False,
         help_text="Names of the models this node serves.",

@@ -13,7 +13,7 @@ from controlplane.api import BaseModelViewSet
 from controlplane.fleet.api.serializers import LLMModelSerializer, NodeSerializer, RegionSerializer
 from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.filtersets import LLMModelFilterSet, NodeFilterSet, RegionFilterSet
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.permissions import required_perms
 
 
@@ -24,7 +24,7 @@ class RegionViewSet(BaseModelViewSet):
 
 
 class LLMModelViewSet(BaseModelViewSet):
-    queryset = Model.objects.annotate(node_count=Count("nodes"))
+    queryset = LLMModel.objects.annotate(node_count=Count("nodes"))
     serializer_class = LLMModelSerializer
     filterset_class = LLMModelFilterSet
 

@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.api import ValidatedModelSerializer
-from controlplane.fleet.models import Model
+from controlplane.fleet.models import LLMModel
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 
 
@@ -26,7 +26,7 @@ class RoutingPolicySerializer(ValidatedModelSerializer):
     model_scope = serializers.SlugRelatedField(
         many=True,
         slug_field="name",
-        queryset=Model.objects.all(),
+        queryset=LLMModel.objects.all(),
         required=False,
         help_text="Model names this policy serves; empty means every model of the fleet.",
     )

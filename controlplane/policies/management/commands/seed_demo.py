@@ -17,7 +17,7 @@ from django.db import models, transaction
 
 from controlplane.fleet.accounts import OPERATORS, ensure_account
 from controlplane.fleet.management.commands.createoperator import write_account
-from controlplane.fleet.models import Model, Node, Region
+from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, publish
@@ -80,11 +80,11 @@ def sync_fleet(fleet: Topology) -> int:
             {"name": spec.name, "latitude": spec.latitude, "longitude": spec.longitude},
         )
         changed += was_changed
-    served: dict[str, Model] = {}
+    served: dict[str, LLMModel] = {}
     for node in fleet.nodes:
         if node.model not in served:
             served[node.model], was_changed = _upsert(
-                Model,
+                LLMModel,
                 {"name": node.model},
                 {"kv_block_size": node.engine.block_size, "max_context_tokens": node.engine.max_model_len},
             )
