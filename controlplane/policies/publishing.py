@@ -80,8 +80,8 @@ def redis_keys() -> RedisKeys:
     return RedisKeys(prefix=settings.GORGO_REDIS_PREFIX)
 
 
-def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: float = 0.0) -> PolicySnapshot:
-    """Validate the policy and compile it with the current fleet into a snapshot.
+def compile_policy(policy: RoutingPolicy) -> PolicySnapshot:
+    """Validate the policy as it is in the database and compile it with the current fleet.
 
     Raises ``ValidationError`` with field errors when the policy is invalid.
     """
@@ -99,6 +99,11 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
         ),
         max_rtt_ms=policy.max_rtt_ms,
     )
+    return compile_spec(spec)
+
+
+def compile_spec(spec: PolicySpec) -> PolicySnapshot:
+    """Compile policy settings (already validated) with the current fleet into an unnumbered snapshot."""
     regions = tuple(
         RegionSpec(slug=r.slug, name=r.name, latitude=r.latitude, longitude=r.longitude)
         for r in Region.objects.order_by("slug")
@@ -135,7 +140,7 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
         nodes=nodes,
     )
     checksum = hashlib.sha256(contract.encode(content)).hexdigest()
-    return msgspec.structs.replace(content, version=version, checksum=checksum, published_at=published_at)
+    return msgspec.structs.replace(content, checksum=checksum)
 
 
 def live_version() -> PolicyVersion | None:
@@ -175,16 +180,20 @@ def publish(
     author: AbstractBaseUser | None = None,
     note: str = "",
     rolled_back_from: PolicyVersion | None = None,
+    spec: PolicySpec | None = None,
 ) -> PublishResult:
     """Compile and publish ``policy``; make it the active one.
 
+    ``spec`` publishes those settings of the policy instead of its database row (``republish_live``).
     Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
     Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
     cases nothing changes.
     """
     for _attempt in range(3):
         try:
-            return _publish_once(policy, author=author, note=note, rolled_back_from=rolled_back_from)
+            return _publish_once(
+                policy, author=author, note=note, rolled_back_from=rolled_back_from, spec=spec
+            )
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
             continue
@@ -197,9 +206,10 @@ def _publish_once(
     author: AbstractBaseUser | None,
     note: str,
     rolled_back_from: PolicyVersion | None,
+    spec: PolicySpec | None,
 ) -> PublishResult:
     with transaction.atomic():
-        content = compile_policy(policy)
+        content = compile_policy(policy) if spec is None else compile_spec(spec)
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
             _ensure_live_in_redis(live)
@@ -286,9 +296,20 @@ def rollback(
         )
 
 
-def republish_active(reason: str) -> PublishResult | None:
-    """Republish the active policy after a fleet change (no-op if nothing changed)."""
-    policy = RoutingPolicy.objects.filter(is_active=True).first()
-    if policy is None:
+def republish_live(note: str) -> PublishResult | None:
+    """Publish what is live again, compiled with the current fleet (no-op if nothing changed).
+
+    The policy settings come from the last *published* version, never from the database row: an
+    edit nobody published (or whose publish was refused while Redis was down) stays unpublished.
+    Returns None when nothing was ever published.
+    """
+    live = live_version()
+    if live is None:
         return None
-    return publish(policy, note=f"fleet change: {reason}")
+    spec = contract.decode(live.snapshot, PolicySnapshot).policy
+    return publish(live.policy, note=note, spec=spec)
+
+
+def republish_active(reason: str) -> PublishResult | None:
+    """Republish the live policy after a fleet change (no-op if nothing changed)."""
+    return republish_live(f"fleet change: {reason}")
