@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import ProtectedError
@@ -10,6 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
+
+log = logging.getLogger(__name__)
 
 
 class ConflictError(exceptions.APIException):
@@ -35,8 +39,11 @@ def exception_handler(exc, context):
     from controlplane.policies.publishing import PublishError
 
     if isinstance(exc, PublishError):
+        # The cause names internal hosts and ports: it goes to the log, not to the client.
+        log.warning("publish refused: %s", exc)
         return Response(
-            {"detail": str(exc), "code": "publish_failed"}, status=status.HTTP_503_SERVICE_UNAVAILABLE
+            {"detail": exc.public_detail, "code": "publish_failed"},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
         )
     if isinstance(exc, exceptions.APIException) or exc is not None:
         return drf_exception_handler(exc, context)

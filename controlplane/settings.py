@@ -7,6 +7,7 @@ at start with ImproperlyConfigured, not at 3 a.m.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -63,15 +64,36 @@ def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in envstr(name, default).split(",") if item.strip()]
 
 
+def generated_secret_key(path: Path) -> str:
+    """The key kept in ``path`` (mode 0600), generated on the first start.
+
+    Written to a private temporary file and hard-linked into place, so processes starting at the
+    same time all end up with the one key that won, never a half-written one.
+    """
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process was first: use its key
+        finally:
+            temporary.unlink()
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise ImproperlyConfigured(f"{path} holds no usable SECRET_KEY; delete it to generate a new one")
+    return key
+
+
+# Development mode (tracebacks in pages, every URL listed on a 404): only with DEBUG=true.
 DEBUG = envbool("DEBUG", False)
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set SECRET_KEY in the environment, or DEBUG=true for a development key."
-        )
-    SECRET_KEY = "gorgo-insecure-development-key-do-not-use-in-production"
+# Unset: one generated on the first start and kept in var/secret-key (0600). Several web replicas
+# on different machines must share one: set SECRET_KEY there.
+SECRET_KEY = os.environ.get("SECRET_KEY", "") or generated_secret_key(VAR_DIR / "secret-key")
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
@@ -109,6 +131,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "controlplane.fleet",
     "controlplane.policies",
@@ -183,6 +206,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from drf-spectacular-sidecar's static files: the docs work without the internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 CHANNEL_LAYERS = {
@@ -204,7 +231,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Passwords in URLs (redis://:pw@host, ?password=) never reach a log line.
+    "filters": {"mask_urls": {"()": "routing.redact.MaskingFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_urls"]}
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

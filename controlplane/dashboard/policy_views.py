@@ -188,7 +188,7 @@ def _publish_and_report(request: HttpRequest, back: HttpResponse, run) -> HttpRe
         text = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in details.items())
         messages.error(request, f"Not published: {text}")
     except publishing.PublishError as exc:
-        messages.error(request, f"Not published, nothing changed: {exc}")
+        messages.error(request, f"Not published, nothing changed: {exc.public_detail}")
     else:
         if result.created:
             messages.success(

@@ -59,7 +59,16 @@ return 1
 
 
 class PublishError(Exception):
-    """The snapshot could not be written to Redis; nothing was recorded."""
+    """The snapshot could not be written to Redis; nothing was recorded.
+
+    ``str()`` is for the log (it may name internal addresses); ``public_detail`` is for clients.
+    """
+
+    def __init__(self, message: str, public_detail: str | None = None) -> None:
+        super().__init__(message)
+        self.public_detail = (
+            public_detail or "The policy store is unreachable; nothing was published. Try again shortly."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +206,8 @@ def publish(
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
             continue
-    raise PublishError("too many concurrent publishes; try again")
+    message = "Too many concurrent publishes; nothing was published. Try again."
+    raise PublishError(message, public_detail=message)
 
 
 def _publish_once(
