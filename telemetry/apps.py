@@ -9,3 +9,6 @@ class TelemetryConfig(AppConfig):
     name = "telemetry"
     label = "telemetry"
     verbose_name = "Telemetry"
+
+    def ready(self) -> None:
+        from telemetry import signals  # noqa: F401  (connects the receivers)

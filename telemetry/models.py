@@ -2,8 +2,9 @@
 
 The latest values ("live state") live in Redis for the gateways; these tables keep history for the
 dashboard and the API. Every table has an index that starts with the columns the dashboard filters
-on and ends with the timestamp, so time-range queries are index scans. Retention is enforced by the
-``telemetry.prune`` task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
+on and ends with the timestamp, so time-range queries are index scans. Deleting a node or region
+never deletes its history (see ``KEPT_NAME_HELP``). Retention is enforced by the ``telemetry.prune``
+task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,22 @@ from __future__ import annotations
 from django.db import models
 
 from telemetry.choices import CheckChoices, HealthChoices, ResolutionChoices, ScopeChoices
+
+# History outlives the fleet: deleting a node or region keeps its rows (foreign key set to NULL)
+# and writes its name here first (``telemetry.signals``), so charts and the API still say whose.
+KEPT_NAME_HELP = "Kept when the node or region is deleted (the foreign key is then null)."
+
+
+class KeptNamesMixin:
+    """``node_label`` / ``region_label``: the object's name, or the name kept after its delete."""
+
+    @property
+    def node_label(self) -> str | None:
+        return self.node.name if self.node_id is not None else (self.node_name or None)
+
+    @property
+    def region_label(self) -> str | None:
+        return self.region.slug if self.region_id is not None else (self.region_slug or None)
 
 
 class NodeHealth(models.Model):
@@ -35,10 +52,13 @@ class NodeHealth(models.Model):
         return f"{self.node_id}: {self.health}"
 
 
-class HealthEvent(models.Model):
+class HealthEvent(KeptNamesMixin, models.Model):
     """One health transition of a node, with the check that caused it."""
 
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="health_events")
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="health_events"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     previous = models.CharField(max_length=16, choices=HealthChoices.choices)
     current = models.CharField(max_length=16, choices=HealthChoices.choices)
@@ -58,15 +78,21 @@ class HealthEvent(models.Model):
         return f"{self.node_id} {self.previous}->{self.current} at {self.ts:%Y-%m-%d %H:%M:%S}"
 
 
-class RTTSample(models.Model):
+class RTTSample(KeptNamesMixin, models.Model):
     """One application-level round trip (GET /health) from a region to a node.
 
     ``rtt_ms`` is request sent -> response headers received on an open connection; when the probe
     had to open a new connection, the TCP (and TLS) setup is in ``connect_ms``, not in ``rtt_ms``.
     """
 
-    region = models.ForeignKey("fleet.Region", on_delete=models.CASCADE, related_name="rtt_samples")
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="rtt_samples")
+    region = models.ForeignKey(
+        "fleet.Region", on_delete=models.SET_NULL, null=True, blank=True, related_name="rtt_samples"
+    )
+    region_slug = models.CharField(max_length=64, blank=True, help_text=KEPT_NAME_HELP)
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="rtt_samples"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     ok = models.BooleanField()
     rtt_ms = models.FloatField(null=True, blank=True)
@@ -88,7 +114,7 @@ class RTTSample(models.Model):
         return f"{self.region_id}->{self.node_id} {self.rtt_ms} ms"
 
 
-class MetricSample(models.Model):
+class MetricSample(KeptNamesMixin, models.Model):
     """One scrape of a node's vLLM /metrics, reduced to the interval since the previous scrape.
 
     Gauges are as scraped; rates, hit rate and latency figures cover (ts - interval_s, ts]. The
@@ -97,7 +123,10 @@ class MetricSample(models.Model):
     ``{"ttft": {"count": n, "mean_ms": .., "p50_ms": .., "p90_ms": .., "p99_ms": ..}, ...}``.
     """
 
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="metric_samples")
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="metric_samples"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     ok = models.BooleanField()
     error = models.CharField(max_length=300, blank=True)
@@ -135,7 +164,7 @@ class MetricSample(models.Model):
         return f"{self.node_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
 
 
-class RequestAggregate(models.Model):
+class RequestAggregate(KeptNamesMixin, models.Model):
     """Finished requests of one time bucket, per node or per gateway region.
 
     Sums, not means, so that adding a batch of records is a plain addition; means and the TTFT
@@ -148,11 +177,13 @@ class RequestAggregate(models.Model):
     resolution = models.CharField(max_length=4, choices=ResolutionChoices.choices)
     scope = models.CharField(max_length=8, choices=ScopeChoices.choices)
     node = models.ForeignKey(
-        "fleet.Node", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="request_aggregates"
     )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     region = models.ForeignKey(
-        "fleet.Region", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+        "fleet.Region", on_delete=models.SET_NULL, null=True, blank=True, related_name="request_aggregates"
     )
+    region_slug = models.CharField(max_length=64, blank=True, help_text=KEPT_NAME_HELP)
     bucket_start = models.DateTimeField()
     count = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from django.db import models
 
-from controlplane.fleet.models import LLMModel, Region
+from controlplane.fleet.choices import NodeStateChoices
+from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import RoutingPolicy
 
 
 def delete_blockers(obj: models.Model) -> list[str]:
     """Human-readable reasons ``obj`` must not be deleted; empty when it may be."""
+    if isinstance(obj, Node):
+        return _node_blockers(obj)
     if isinstance(obj, Region):
         return _region_blockers(obj)
     if isinstance(obj, LLMModel):
@@ -29,12 +32,24 @@ def _names(queryset: models.QuerySet, field: str) -> str:
     return ", ".join(queryset.values_list(field, flat=True)[:20])
 
 
+def _node_blockers(node: Node) -> list[str]:
+    # Draining and disabled nodes get no new requests: deleting one cannot surprise the traffic.
+    if node.state == NodeStateChoices.ACTIVE:
+        return [
+            f"Node {node.name} is active: the gateways send it requests. Drain it first "
+            f"(POST /api/v1/nodes/{node.pk}/drain/ or the Nodes page), let its requests finish, "
+            "then delete it."
+        ]
+    return []
+
+
 def _region_blockers(region: Region) -> list[str]:
     reasons = []
     nodes = region.nodes.order_by("name")
     if nodes.exists():
         reasons.append(
-            f"Region {region.slug} still has nodes ({_names(nodes, 'name')}); move or delete them first."
+            f"Region {region.slug} still has nodes ({_names(nodes, 'name')}); drain and delete them "
+            "(or move them to another region) first."
         )
     policies = [
         policy.name

@@ -175,21 +175,42 @@ class RTTMatrixSerializer(serializers.Serializer):
 
 
 class RTTSampleSerializer(serializers.ModelSerializer):
-    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.CharField(
+        source="region_label", read_only=True, allow_null=True, help_text="Region slug (kept when deleted)."
+    )
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
 
     class Meta:
         model = RTTSample
-        fields = ["id", "ts", "region", "node", "ok", "rtt_ms", "connect_ms", "status_code", "error"]
+        fields = [
+            "id",
+            "ts",
+            "region",
+            "node",
+            "node_name",
+            "ok",
+            "rtt_ms",
+            "connect_ms",
+            "status_code",
+            "error",
+        ]
         read_only_fields = fields
 
 
 class MetricSampleSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
+
     class Meta:
         model = MetricSample
         fields = [
             "id",
             "ts",
             "node",
+            "node_name",
             "ok",
             "error",
             "interval_s",
@@ -219,9 +240,13 @@ class MetricSampleSerializer(serializers.ModelSerializer):
 
 
 class HealthEventSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
+
     class Meta:
         model = HealthEvent
-        fields = ["id", "ts", "node", "previous", "current", "source", "reason"]
+        fields = ["id", "ts", "node", "node_name", "previous", "current", "source", "reason"]
         read_only_fields = fields
 
 
@@ -242,7 +267,12 @@ class BreakdownSerializer(serializers.Serializer):
 class RequestAggregateSerializer(serializers.ModelSerializer):
     """One bucket of finished requests (per node or per gateway region)."""
 
-    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.CharField(
+        source="region_label", read_only=True, allow_null=True, help_text="Region slug (kept when deleted)."
+    )
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
     error_rate = serializers.SerializerMethodField()
     breakdown = serializers.SerializerMethodField()
     network_known = serializers.SerializerMethodField()
@@ -256,6 +286,7 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
             "resolution",
             "scope",
             "node",
+            "node_name",
             "region",
             "bucket_start",
             "count",

@@ -90,7 +90,7 @@ class RTTMatrixView(APIView):
 class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
     """Individual RTT probes, newest first."""
 
-    queryset = RTTSample.objects.select_related("region")
+    queryset = RTTSample.objects.select_related("region", "node")
     serializer_class = RTTSampleSerializer
     filterset_class = RTTSampleFilterSet
 
@@ -98,7 +98,7 @@ class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
 class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
     """Scrape intervals of every node, newest first."""
 
-    queryset = MetricSample.objects.all()
+    queryset = MetricSample.objects.select_related("node")
     serializer_class = MetricSampleSerializer
     filterset_class = MetricSampleFilterSet
 
@@ -106,7 +106,7 @@ class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
 class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Health transitions, newest first."""
 
-    queryset = HealthEvent.objects.all()
+    queryset = HealthEvent.objects.select_related("node")
     serializer_class = HealthEventSerializer
     filterset_class = HealthEventFilterSet
 
@@ -114,6 +114,6 @@ class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
 class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
     """Request buckets (10s or 1m) per node or gateway region, with the TTFT breakdown."""
 
-    queryset = RequestAggregate.objects.select_related("region")
+    queryset = RequestAggregate.objects.select_related("region", "node")
     serializer_class = RequestAggregateSerializer
     filterset_class = RequestAggregateFilterSet
