@@ -258,6 +258,9 @@ GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
 LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
 # One OpenAPI enum for the health values used by several telemetry fields.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
+# Fleet changes within this many seconds are republished together, as one version that lists
+# them (a Celery task); 0 republishes each change at once, in the process that made it.
+GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.

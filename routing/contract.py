@@ -99,6 +99,11 @@ class RedisKeys:
         """STREAM: ``PrefixUpdate`` batches (field ``u``) so gateways share their prefix indexes."""
         return f"{self.prefix}:prefix:updates"
 
+    @property
+    def fleet_changes(self) -> str:
+        """LIST: fleet changes waiting for the next coalesced republish (control plane only)."""
+        return f"{self.prefix}:policy:fleet-changes"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"

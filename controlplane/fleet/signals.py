@@ -1,5 +1,6 @@
 """Republish the active policy whenever the fleet changes, after the change commits.
 
+Changes within ``GORGO_REPUBLISH_DELAY_S`` are coalesced into one version (``policies.tasks``).
 A failed republish (Redis down, policy no longer valid for the new fleet) never fails the fleet
 change itself: it is logged, and the periodic reconcile task publishes once Redis is back.
 """
@@ -19,12 +20,10 @@ log = logging.getLogger(__name__)
 
 def _schedule_republish(reason: str) -> None:
     def run() -> None:
-        from controlplane.policies.publishing import PublishError, republish_active
+        from controlplane.policies.tasks import schedule_fleet_republish
 
         try:
-            republish_active(reason)
-        except PublishError as exc:
-            log.warning("fleet change (%s) not yet published: %s", reason, exc)
+            schedule_fleet_republish(reason)
         except Exception:
             log.exception("fleet change (%s) could not be published", reason)
 
