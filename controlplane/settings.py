@@ -191,14 +191,20 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.ViewerReadOperatorWrite"],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "controlplane.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON only: with strict field types a form-encoded body (all strings) could not be typed.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": envint("API_PAGE_SIZE", 100, minimum=1),
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
 }
+
+if REST_FRAMEWORK["PAGE_SIZE"] > 1000:
+    raise ImproperlyConfigured("API_PAGE_SIZE must be at most 1000 (the largest page the API serves)")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "gorgo control plane API",

@@ -1,8 +1,16 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+
+@csrf_exempt  # a 404 for any method: no form to protect, and a CSRF 403 page would hide the 404
+def api_not_found(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"detail": "Not found."}, status=404)
+
 
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
@@ -15,6 +23,8 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Any other /api/ URL: a JSON 404, like the API's own (an HTML page would surprise a client).
+    re_path(r"^api/", api_not_found),
     # Last: the dashboard owns "/" and the pages under it.
     path("", include("controlplane.dashboard.urls")),
 ]

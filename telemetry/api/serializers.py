@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import msgspec
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -93,7 +92,7 @@ class LiveNodeSerializer(serializers.ModelSerializer):
         row = self._health(node)
         return row.health if row is not None else HealthChoices.UNKNOWN
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_health_changed_at(self, node: Node):
         row = self._health(node)
         return (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api import ValidatedModelSerializer
+from controlplane.api import StrictCharField, StrictSlugRelatedField, ValidatedModelSerializer
 from controlplane.fleet.models import LLMModel, Node, Region
 
 
@@ -34,8 +34,8 @@ class NodeSerializer(ValidatedModelSerializer):
     """A GPU node: ``region`` by slug and ``models`` by name, both writable."""
 
     url = serializers.HyperlinkedIdentityField(view_name="node-detail")
-    region = serializers.SlugRelatedField(slug_field="slug", queryset=Region.objects.all())
-    models = serializers.SlugRelatedField(
+    region = StrictSlugRelatedField(slug_field="slug", queryset=Region.objects.all())
+    models = StrictSlugRelatedField(
         many=True,
         slug_field="name",
         queryset=LLMModel.objects.all(),
@@ -43,6 +43,7 @@ class NodeSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Names of the models this node serves.",
     )
+    labels = serializers.DictField(child=StrictCharField(allow_blank=True), required=False)
 
     class Meta:
         model = Node
