@@ -57,7 +57,6 @@ from routing.contract import (
     SCHEMA_VERSION,
     ModelSpec,
     NodeSpec,
-    PolicyAnnouncement,
     PolicySnapshot,
     PolicySpec,
     RedisKeys,
@@ -68,6 +67,7 @@ from routing.contract import (
     decode,
     encode,
 )
+from routing.writer import write_snapshot
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
@@ -310,8 +310,8 @@ def publish_policy(
         models=(ModelSpec(model, topology.nodes[0].engine.block_size, MAX_MODEL_LEN),),
         nodes=nodes,
     )
-    client.set(keys.policy_current, encode(snapshot))
-    client.publish(keys.policy_channel, encode(PolicyAnnouncement(SCHEMA_VERSION, 1, snapshot.checksum)))
+    if not write_snapshot(client, keys, snapshot):
+        raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
 
 
 def _params(algorithm: str, overrides: dict[str, float]) -> Any:

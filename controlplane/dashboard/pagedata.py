@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import redis
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from controlplane.policies import publishing
 from telemetry import live as telemetry_live
@@ -48,7 +49,7 @@ def snapshot() -> dict[str, Any]:
     for node_id, state in health.items():
         data["nodes"][str(node_id)] = {"node_id": node_id, "health": state}
     try:
-        client, keys = publishing.redis_client(), publishing.redis_keys()
+        client, keys = redis_client(), redis_keys()
         for node_id, state in telemetry_live.read_live_nodes(client, keys).items():
             doc = msgspec.to_builtins(state)
             doc["health"] = health.get(node_id, HealthChoices.UNKNOWN)

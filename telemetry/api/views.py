@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
-from controlplane.policies.publishing import redis_client, redis_keys
 from routing.contract import NodeLiveState, RTTTable
 from telemetry.api.serializers import (
     HealthEventSerializer,
