@@ -50,9 +50,15 @@ import httpx
 import msgspec
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from routing_quality_report import RunFigures, summarize_run, write_outputs  # this directory is on sys.path
+from routing_quality_report import (  # this directory is on sys.path
+    PEER,
+    RunFigures,
+    summarize_run,
+    write_outputs,
+)
 
 from routing.contract import (
+    ALGORITHMS,
     PARAMS_BY_ALGORITHM,
     SCHEMA_VERSION,
     ModelSpec,
@@ -75,8 +81,7 @@ from simulator.traffic.workloads import WORKLOADS, Workload, WorkloadPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-GORGO_POLICIES = ("round_robin", "least_load", "session_affinity", "prefix_affinity", "gorgo")
-PEER = "vllm-router"
+GORGO_POLICIES = ALGORITHMS
 QUICK_POLICIES = ("least_load", "gorgo")
 
 # The fleet (the same for every workload and policy).

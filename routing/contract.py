@@ -15,20 +15,12 @@ All wire documents are JSON (msgspec), so an operator can read them with ``redis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar, get_args
 
 import msgspec
 
 SCHEMA_VERSION = 1
 
-Algorithm = Literal["round_robin", "least_load", "session_affinity", "prefix_affinity", "gorgo"]
-ALGORITHMS: tuple[Algorithm, ...] = (
-    "round_robin",
-    "least_load",
-    "session_affinity",
-    "prefix_affinity",
-    "gorgo",
-)
 NodeState = Literal["active", "draining", "disabled"]
 
 
@@ -152,16 +144,24 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
 
 
+# The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name, and
+# everything else (the names, the ``Algorithm`` type, the gateway's registry in
+# ``routing/algorithms``, the control plane's choices, the benchmarks) is derived from it.
 AlgorithmParams = (
     RoundRobinParams | LeastLoadParams | SessionAffinityParams | PrefixAffinityParams | GorgoParams
 )
+
+
+def algorithm_name(params_type: type[msgspec.Struct]) -> str:
+    """The algorithm a params struct configures (its union tag)."""
+    return str(params_type.__struct_config__.tag)
+
+
 PARAMS_BY_ALGORITHM: dict[str, type[msgspec.Struct]] = {
-    "round_robin": RoundRobinParams,
-    "least_load": LeastLoadParams,
-    "session_affinity": SessionAffinityParams,
-    "prefix_affinity": PrefixAffinityParams,
-    "gorgo": GorgoParams,
+    algorithm_name(params_type): params_type for params_type in get_args(AlgorithmParams)
 }
+ALGORITHMS: tuple[str, ...] = tuple(PARAMS_BY_ALGORITHM)
+Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # Literal["round_robin", ...], checked by msgspec
 
 
 class RegionSpec(msgspec.Struct, frozen=True):
