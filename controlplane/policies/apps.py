@@ -10,6 +10,9 @@ class PoliciesConfig(AppConfig):
     verbose_name = "Routing policies"
 
     def ready(self) -> None:
+        # The republish on fleet changes, and the policies' delete rules (a region in residency
+        # rules, a model in a scope): the fleet and core ask through their own registries.
+        from controlplane.policies import deletion, signals  # noqa: F401
         from controlplane.policies.checks import check_algorithm_registry
 
         checks.register(check_algorithm_registry)

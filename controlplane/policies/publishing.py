@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane.api import UnavailableError
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
@@ -40,8 +41,10 @@ log = logging.getLogger(__name__)
 SYSTEM_AUTHOR = "system"
 
 
-class PublishError(Exception):
-    """The snapshot could not be written to Redis; nothing was recorded."""
+class PublishError(UnavailableError):
+    """The snapshot could not be written to Redis; nothing was recorded (the API answers 503)."""
+
+    code = "publish_failed"
 
 
 @dataclass(frozen=True, slots=True)

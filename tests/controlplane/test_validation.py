@@ -149,7 +149,7 @@ def test_it_validates_partial_updates_against_the_stored_object(operator_client,
 
 
 def test_it_refuses_the_same_bad_node_in_the_admin(client, fleet) -> None:
-    from controlplane.fleet.accounts import ensure_account
+    from controlplane.accounts import ensure_account
 
     client.force_login(ensure_account("admin-op", password="operator-password-2").user)
     response = client.post(

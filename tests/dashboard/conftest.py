@@ -8,8 +8,8 @@ import pytest
 import redis
 from django.test import Client
 
+from controlplane.accounts import Account, ensure_account
 from controlplane.connections import redis_client
-from controlplane.fleet.accounts import Account, ensure_account
 from controlplane.policies.models import RoutingPolicy
 from routing.contract import RedisKeys
 from tests.controlplane.support import LLAMA, Fleet, make_fleet
