@@ -16,7 +16,7 @@ from routing.algorithms.base import NodeLoad
 from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
 from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
-from tests.conftest import free_port
+from simulator.harness import free_port
 
 FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)
 

@@ -6,11 +6,11 @@ import pytest
 
 from routing import contract
 from routing.contract import RTTTable
+from simulator.harness import free_port
 from telemetry import rounds
 from telemetry.live import update_rtt
 from telemetry.models import RTTSample
 from telemetry.probes import Target
-from tests.conftest import free_port
 from tests.telemetry.conftest import make_node, make_regions
 
 pytestmark = pytest.mark.django_db
