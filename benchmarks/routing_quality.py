@@ -188,7 +188,7 @@ def start_gateways(
             "GORGO_GATEWAY_PORT": "0",
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
-            "GORGO_LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, "-m", "routing"], workdir, env))
     urls: dict[str, str] = {}
