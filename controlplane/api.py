@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
+from controlplane.deletion import delete_blockers
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,18 @@ class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object is in use."
     default_code = "conflict"
+
+
+class UnavailableError(Exception):
+    """A service the control plane needs (Redis) could not do its part; nothing was changed.
+
+    The API answers 503 with ``code``. Apps subclass it (``policies.publishing.PublishError``), so
+    this module needs to know none of them.
+    """
+
+    code = "unavailable"
+    # What the client is told; ``str(exc)`` (which may name internal hosts) goes to the log only.
+    public_detail = "A service the control plane needs is unreachable; nothing was changed. Try again."
 
 
 # Errors that say "this name is taken": a conflict with the current state (409), not bad input.
@@ -61,14 +74,11 @@ def exception_handler(exc, context):
             {"detail": f"Cannot delete: still referenced by {names}.", "code": "conflict"},
             status=status.HTTP_409_CONFLICT,
         )
-    from controlplane.policies.publishing import PublishError
-
-    if isinstance(exc, PublishError):
+    if isinstance(exc, UnavailableError):
         # The cause names internal hosts and ports: it goes to the log, not to the client.
-        log.warning("publish refused: %s", exc)
+        log.warning("%s: %s", exc.code, exc)
         return Response(
-            {"detail": exc.public_detail, "code": "publish_failed"},
-            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            {"detail": exc.public_detail, "code": exc.code}, status=status.HTTP_503_SERVICE_UNAVAILABLE
         )
     if isinstance(exc, exceptions.APIException) or exc is not None:
         return drf_exception_handler(exc, context)
@@ -204,8 +214,6 @@ class BaseModelViewSet(viewsets.ModelViewSet):
             audit.record(self.request.user, serializer.instance, f"Changed through the API: {changes}")
 
     def perform_destroy(self, instance) -> None:
-        from controlplane.policies.deletion import delete_blockers
-
         reasons = delete_blockers(instance)
         if reasons:
             raise ConflictError(" ".join(reasons))

@@ -9,14 +9,9 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
-from controlplane.policies.publishing import (
-    PublishError,
-    redis_client,
-    redis_keys,
-    republish_active,
-    republish_live,
-)
+from controlplane.policies.publishing import PublishError, republish_active, republish_live
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from routing.algorithms import REGISTRY
-from routing.algorithms.base import AlgorithmInfo
+from simulator.harness import free_port
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -16,9 +16,7 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 def closed_port_url() -> str:
     """A URL nothing listens on (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def assert_openai_error(response: httpx.Response, status: int, error_type: str) -> dict:
@@ -133,7 +131,7 @@ class TestInternalErrors:
         def broken(view, request):
             raise RuntimeError("secret internals")
 
-        registry = {**REGISTRY, "round_robin": AlgorithmInfo("round_robin", broken)}
+        registry = {**REGISTRY, "round_robin": replace(REGISTRY["round_robin"], choose=broken)}
         await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
         async with running_gateway(gateway_config(redis_keys, redis_url), registry=registry) as gateway:
             client = gateway.http
