@@ -108,8 +108,18 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Workers, beat and the web process write concurrently; wait instead of failing on a lock.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Workers, beat and web processes write concurrently. SQLite serves that only like this:
+    # WAL (readers never wait for the writer), a busy timeout (a writer waits its turn instead of
+    # failing), and IMMEDIATE transactions (a transaction takes the write lock when it begins, so
+    # two readers-turned-writers can never deadlock into "database is locked", which no timeout
+    # cures). Production fleets should still use PostgreSQL (README, "Configuration").
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 GORGO_REDIS_PREFIX = envstr("GORGO_REDIS_PREFIX", "gorgo")
