@@ -178,6 +178,13 @@ TEMPLATES = [
     },
 ]
 
+# Password sign-ins through the one backend that throttles failures (controlplane/throttling.py).
+AUTHENTICATION_BACKENDS = ["controlplane.throttling.ThrottledModelBackend"]
+# This many failed sign-ins or bad API tokens from one address within the window block it until
+# the window ends (logins refused, API 429).
+GORGO_AUTH_FAILURES = envint("GORGO_AUTH_FAILURES", 10, minimum=1)
+GORGO_AUTH_FAILURE_WINDOW_S = envint("GORGO_AUTH_FAILURE_WINDOW_S", 300, minimum=1)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -197,7 +204,7 @@ LOGOUT_REDIRECT_URL = "dashboard:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "controlplane.throttling.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.ViewerReadOperatorWrite"],

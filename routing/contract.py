@@ -96,6 +96,10 @@ class RedisKeys:
         """LIST: fleet changes waiting for the next coalesced republish (control plane only)."""
         return f"{self.prefix}:policy:fleet-changes"
 
+    def auth_failures(self, client: str) -> str:
+        """STRING (counter, expiring): failed sign-ins and API tokens from one client address."""
+        return f"{self.prefix}:auth-failures:{client}"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"
