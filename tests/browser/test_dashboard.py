@@ -229,7 +229,7 @@ def test_it_says_disconnected_keeps_the_last_values_and_reconnects(
 
     server.stop()
     page.wait_for_function("document.getElementById('conn').dataset.state === 'retrying'", timeout=10_000)
-    assert re.fullmatch(r"disconnected, retrying in \d+ s", page.inner_text("#conn"))
+    assert re.fullmatch(r"disconnected, reconnecting in \d+ s", page.inner_text("#conn"))
     assert page.inner_text("#stat-ttft-p50 .v") == p50  # the last values stay
     operator_session.shot(artifacts, "overview-disconnected")
 
