@@ -288,6 +288,10 @@ GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.
+# A worker with GORGO_PROBE_REGIONS="*" consumes the probe queue of every region, including ones
+# added while it runs; "eu-central,us-east" names the regions it probes from. Empty: only the
+# queues given with -Q. Regions nobody consumes are not probed (nothing piles up).
+GORGO_PROBE_REGIONS = envstr("GORGO_PROBE_REGIONS", "")
 CELERY_TASK_ROUTES = ("telemetry.tasks.route_task",)
 # Each periodic run expires when the next one is due, so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {

@@ -96,6 +96,10 @@ class RedisKeys:
         """LIST: fleet changes waiting for the next coalesced republish (control plane only)."""
         return f"{self.prefix}:policy:fleet-changes"
 
+    def probe_consumer(self, region: str) -> str:
+        """STRING (expiring): a worker consumes ``probe.<region>`` (value: its hostname)."""
+        return f"{self.prefix}:probe-consumer:{region}"
+
     def auth_failures(self, client: str) -> str:
         """STRING (counter, expiring): failed sign-ins and API tokens from one client address."""
         return f"{self.prefix}:auth-failures:{client}"

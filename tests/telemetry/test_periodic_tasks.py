@@ -51,15 +51,27 @@ def test_every_periodic_task_has_time_limits_an_expiry_and_a_schedule():
     assert 0 < probe.soft_time_limit < probe.time_limit
 
 
-def test_the_fanout_enqueues_one_expiring_probe_per_region(tel, monkeypatch):
+def test_the_fanout_enqueues_one_expiring_probe_per_covered_region(tel, monkeypatch):
     make_regions("us-east", "eu-central", "ap-south")
     sent = []
     monkeypatch.setattr(tasks.probe_region, "apply_async", lambda **kw: sent.append(kw))
+    for slug in ("us-east", "eu-central", "ap-south"):
+        tel.client.set(tel.keys.probe_consumer(slug), "worker@test", ex=30)
 
     assert tasks.probe_fanout() == 3
 
     assert sorted(call["args"][0] for call in sent) == ["ap-south", "eu-central", "us-east"]
     assert all(call["expires"] == settings.GORGO_PROBE_INTERVAL_S for call in sent)
+
+
+def test_the_fanout_sends_nothing_to_a_region_no_worker_probes_from(tel, monkeypatch):
+    make_regions("us-east", "eu-central")
+    sent = []
+    monkeypatch.setattr(tasks.probe_region, "apply_async", lambda **kw: sent.append(kw))
+    tel.client.set(tel.keys.probe_consumer("us-east"), "worker@test", ex=30)
+
+    assert tasks.probe_fanout() == 1
+    assert [call["args"][0] for call in sent] == ["us-east"]
 
 
 def test_a_task_returns_quietly_while_another_run_holds_its_lock(tel):
