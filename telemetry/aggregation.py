@@ -114,6 +114,7 @@ class BucketDelta:
 
     count: int = 0
     errors: int = 0
+    client_errors: int = 0
     ttft_count: int = 0
     ttft_sum_ms: float = 0.0
     ttft_histogram: dict[str, int] = field(default_factory=dict)
@@ -140,12 +141,19 @@ class Contribution:
 
     @property
     def failed(self) -> bool:
-        return self.record.status >= 400 or self.record.error is not None
+        """The fleet failed the request: a 5xx, or no answer at all."""
+        return self.record.status >= 500 or self.record.error is not None
+
+    @property
+    def client_failed(self) -> bool:
+        """The client's request was refused (4xx): not the fleet's failure."""
+        return 400 <= self.record.status < 500 and self.record.error is None
 
     def add_to(self, delta: BucketDelta) -> None:
         record = self.record
         delta.count += 1
         delta.errors += int(self.failed)
+        delta.client_errors += int(self.client_failed)
         if record.prompt_tokens is not None:
             delta.usage_count += 1
             delta.prompt_tokens += record.prompt_tokens
@@ -276,8 +284,10 @@ def apply_batch(entries: list[tuple[str, RequestRecord | None]], rtt: RTTTable |
 
 
 def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[BucketKey, BucketDelta]:
-    existing_nodes = set(
-        Node.objects.filter(pk__in={r.node_id for r in records if r.node_id}).values_list("pk", flat=True)
+    node_regions = dict(
+        Node.objects.filter(pk__in={r.node_id for r in records if r.node_id}).values_list(
+            "pk", "region__slug"
+        )
     )
     regions = dict(
         Region.objects.filter(slug__in={r.gateway_region for r in records}).values_list("slug", "pk")
@@ -286,10 +296,14 @@ def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[Buc
     for item in items:
         record = item.record
         targets = []
-        if record.node_id in existing_nodes:
+        if record.node_id in node_regions:
             targets.append((ScopeChoices.NODE.value, record.node_id))
         if record.gateway_region in regions:
-            targets.append((ScopeChoices.REGION.value, regions[record.gateway_region]))
+            region_id = regions[record.gateway_region]
+            targets.append((ScopeChoices.REGION.value, region_id))
+            if record.node_id in node_regions:
+                local = node_regions[record.node_id] == record.gateway_region
+                targets.append(((ScopeChoices.LOCAL if local else ScopeChoices.CROSS).value, region_id))
         for resolution, width_s in RESOLUTION_SECONDS.items():
             start = _dt(math.floor(record.ts / width_s) * width_s)
             for scope, target_id in targets:
@@ -302,6 +316,7 @@ def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[Buc
 SUMMED_FIELDS = (
     "count",
     "errors",
+    "client_errors",
     "ttft_count",
     "ttft_sum_ms",
     "gateway_sum_ms",

@@ -186,7 +186,12 @@ class RequestAggregate(KeptNamesMixin, models.Model):
     region_slug = models.CharField(max_length=64, blank=True, help_text=KEPT_NAME_HELP)
     bucket_start = models.DateTimeField()
     count = models.PositiveIntegerField(default=0)
-    errors = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(
+        default=0, help_text="Server-side failures: 5xx answers and requests that got no answer."
+    )
+    client_errors = models.PositiveIntegerField(
+        default=0, help_text="4xx answers: the client's own mistakes, not the fleet's."
+    )
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0.0)
     ttft_histogram = models.JSONField(default=dict, blank=True, help_text="Log-bucketed TTFT counts.")
@@ -220,6 +225,11 @@ class RequestAggregate(KeptNamesMixin, models.Model):
                 condition=models.Q(scope="region"),
                 name="telemetry_aggregate_unique_region_bucket",
             ),
+            models.UniqueConstraint(
+                fields=["resolution", "scope", "region", "bucket_start"],
+                condition=models.Q(scope__in=["local", "cross"]),
+                name="telemetry_aggregate_unique_split_bucket",
+            ),
         ]
         indexes = [
             models.Index(fields=["resolution", "scope", "bucket_start"], name="telemetry_agg_res_scope_ts"),
@@ -228,12 +238,20 @@ class RequestAggregate(KeptNamesMixin, models.Model):
         ]
 
     def __str__(self) -> str:
-        target = f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"region {self.region_id}"
+        target = (
+            f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"{self.scope} {self.region_id}"
+        )
         return f"{self.resolution} {target} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
 
     @property
     def error_rate(self) -> float | None:
+        """Server-side failures (5xx, no answer) per request."""
         return _ratio(self.errors, self.count)
+
+    @property
+    def client_error_rate(self) -> float | None:
+        """4xx answers per request."""
+        return _ratio(self.client_errors, self.count)
 
     @property
     def network_known(self) -> float | None:

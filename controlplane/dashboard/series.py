@@ -57,7 +57,13 @@ class Merged:
 
     @property
     def errors(self) -> int:
+        """Server-side failures: 5xx and no answer."""
         return int(self.sums["errors"])
+
+    @property
+    def client_errors(self) -> int:
+        """4xx answers."""
+        return int(self.sums["client_errors"])
 
     def add(self, row: dict[str, Any]) -> None:
         for name in SUMMED_FIELDS:
@@ -72,10 +78,17 @@ class Merged:
         return histogram_quantile_ms(self.histogram, q)
 
     def summary(self) -> dict[str, Any]:
-        """Counts, TTFT percentiles, the mean breakdown and the median-bucket breakdown."""
+        """Counts, TTFT percentiles, the mean breakdown and the median bucket's breakdown.
+
+        In ``mean`` and ``p50`` the parts add up to their own ``ttft`` (the same statistic):
+        ``mean`` is every request's mean, ``p50`` the median bucket (by its mean TTFT, weighted by
+        requests) with that bucket's parts. ``ttft_p50_ms`` is the measured median, a different
+        figure, shown apart.
+        """
         return {
             "count": self.count,
             "errors": self.errors,
+            "client_errors": self.client_errors,
             "ttft_p50_ms": self.quantile_ms(0.5),
             "ttft_p99_ms": self.quantile_ms(0.99),
             "ttft_mean_ms": (
@@ -84,7 +97,7 @@ class Merged:
                 else None
             ),
             "mean": _breakdown(self.sums),
-            "p50": _weighted_median_parts(self.bucket_means),
+            "p50": _median_bucket_parts(self.bucket_means),
             "prompt_tokens": self.sums["prompt_tokens"],
             "cached_tokens": self.sums["cached_tokens"],
             "predicted_cached_tokens": self.sums["predicted_cached_tokens"],
@@ -100,24 +113,22 @@ def _breakdown(sums: dict[str, Any]) -> dict[str, float] | None:
     return {name: getattr(parts, f"{name}_ms") for name in COMPONENTS} | {"ttft": parts.ttft_mean_ms}
 
 
-def _weighted_median_parts(bucket_means: list[tuple[int, dict[str, float]]]) -> dict[str, float] | None:
-    """Per part, the median over buckets of the bucket's mean (weighted by requests).
+def _median_bucket_parts(bucket_means: list[tuple[int, dict[str, float]]]) -> dict[str, float] | None:
+    """The parts of the median bucket: the bucket whose mean TTFT is the weighted median.
 
-    The telemetry tables keep only sums of the parts, so this "typical bucket" is the robust
-    counterpart of the mean: one slow burst moves the mean, not the median.
+    One bucket's parts, so they add up to its TTFT. (Taking each part's own median over buckets,
+    as this did before, stacked to about twice the TTFT drawn beside it: the medians of parts are
+    not parts of the median.)
     """
     if not bucket_means:
         return None
-    result = {}
     total = sum(weight for weight, _ in bucket_means)
-    for name in (*COMPONENTS, "ttft"):
-        seen = 0
-        for weight, parts in sorted(bucket_means, key=lambda item, n=name: item[1][n]):
-            seen += weight
-            if seen * 2 >= total:
-                result[name] = round(parts[name], 3)
-                break
-    return result
+    seen = 0
+    for weight, parts in sorted(bucket_means, key=lambda item: item[1]["ttft"]):
+        seen += weight
+        if seen * 2 >= total:
+            return {name: round(value, 3) for name, value in parts.items()}
+    return None
 
 
 def _dt(seconds: float) -> datetime:
@@ -148,7 +159,7 @@ def _buckets(
 
 
 def _key(row: dict[str, Any]) -> str:
-    return row["region__slug"] if row["scope"] == ScopeChoices.REGION else str(row["node_id"])
+    return str(row["node_id"]) if row["scope"] == ScopeChoices.NODE else row["region__slug"]
 
 
 def overview(now_s: float | None = None) -> dict[str, Any]:
@@ -186,7 +197,9 @@ def overview(now_s: float | None = None) -> dict[str, Any]:
             "ttft_p50_ms": fleet.quantile_ms(0.5),
             "ttft_p99_ms": fleet.quantile_ms(0.99),
             "rate_rps": fleet.count / HEADLINE_WINDOW_S,
+            # The fleet's failures (5xx, no answer) apart from the clients' own mistakes (4xx).
             "error_rate": fleet.errors / fleet.count if fleet.count else None,
+            "client_error_rate": fleet.client_errors / fleet.count if fleet.count else None,
             "hit_rate": hits / queries if queries else None,
         },
         "regions": {
@@ -205,7 +218,7 @@ def breakdown(window: Window, now_s: float | None = None) -> dict[str, Any]:
     """Per region and per node: TTFT percentiles and its parts over the window; TTFT per step."""
     now_s = time.time() if now_s is None else now_s
     since_s = now_s - window.seconds
-    totals: dict[str, dict[str, Merged]] = {"region": defaultdict(Merged), "node": defaultdict(Merged)}
+    totals: dict[str, dict[str, Merged]] = {scope: defaultdict(Merged) for scope in ScopeChoices.values}
     steps: dict[str, dict[float, Merged]] = defaultdict(lambda: defaultdict(Merged))
     for row in _buckets(window.resolution, since_s, now_s + window.step_s):
         key = _key(row)
@@ -219,6 +232,12 @@ def breakdown(window: Window, now_s: float | None = None) -> dict[str, Any]:
         "step_s": window.step_s,
         "regions": {key: merged.summary() for key, merged in totals["region"].items()},
         "nodes": {key: merged.summary() for key, merged in totals["node"].items()},
+        # Regions whose requests were served both in the region and from elsewhere, split.
+        "split": {
+            key: {"local": local.summary(), "cross": totals["cross"][key].summary()}
+            for key, local in totals["local"].items()
+            if local.sums["ttft_count"] and totals["cross"][key].sums["ttft_count"]
+        },
         "series": {
             key: [
                 {

@@ -215,7 +215,10 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(
         source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
     )
-    error_rate = serializers.FloatField(read_only=True, allow_null=True)
+    error_rate = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Server-side failures (5xx, no answer) per request."
+    )
+    client_error_rate = serializers.FloatField(read_only=True, allow_null=True, help_text="4xx per request.")
     breakdown = serializers.SerializerMethodField()
     network_known = serializers.FloatField(
         read_only=True, allow_null=True, help_text="Share of TTFTs with a known RTT."
@@ -240,6 +243,8 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
             "count",
             "errors",
             "error_rate",
+            "client_errors",
+            "client_error_rate",
             "ttft_count",
             "ttft_p50_ms",
             "ttft_p90_ms",
