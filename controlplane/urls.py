@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path, re_path
+from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -11,6 +12,20 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 def api_not_found(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"detail": "Not found."}, status=404)
 
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """The 500 answer when DEBUG is off: JSON for API clients, Django's plain page otherwise.
+
+    Never the technical page: that one exists only with DEBUG=true (development mode).
+    """
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"detail": "Server error; it has been logged.", "code": "server_error"}, status=500
+        )
+    return defaults.server_error(request)
+
+
+handler500 = server_error
 
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),

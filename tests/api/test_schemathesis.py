@@ -1,8 +1,9 @@
 """Schemathesis against a live control plane: every check, zero failures.
 
-The control plane runs as a real process (``control_plane``) on a seeded demo database;
-schemathesis reads ``/api/schema/`` and sends generated requests (valid and invalid) to every
-operation. Bounded: a fixed seed, ``MAX_EXAMPLES`` cases per operation and phase, one worker.
+The control plane runs as a real process on a seeded demo database, as `make run` serves it
+(DEBUG off); schemathesis reads ``/api/schema/`` and sends generated requests (valid and invalid)
+to every operation. Its auth checks send bad tokens on purpose: the sign-in throttle is raised for
+this process so they do not turn every later request into a 429. Bounded: a fixed seed, ``MAX_EXAMPLES`` cases per operation and phase, one worker.
 Configuration and the one reasoned adjustment: tests/api/schemathesis.toml.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ControlPlane
+from tests.conftest import ControlPlane, ProcessGroup, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -24,14 +25,32 @@ MAX_EXAMPLES = 5
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
-def test_the_api_passes_every_schemathesis_check(control_plane: ControlPlane, tmp_path: Path) -> None:
+def test_the_api_passes_every_schemathesis_check(
+    control_plane: ControlPlane, processes: ProcessGroup, tmp_path: Path
+) -> None:
     control_plane.manage("seed_demo")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    processes.start(
+        "web-fuzzed",
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
+        env={"DEBUG": "false", "GORGO_AUTH_FAILURES": "1000000", "LOG_LEVEL": "ERROR"},
+        ready_url=f"{url}/login/",
+    )
     command = [
         str(Path(sys.executable).with_name("schemathesis")),
         "--config-file",
         str(CONFIG),
         "run",
-        f"{control_plane.url}/api/schema/",
+        f"{url}/api/schema/",
         "--header",
         f"Authorization: Token {control_plane.token}",
         "--checks",

@@ -115,3 +115,14 @@ def test_the_schema_documents_every_error_answer(viewer_client) -> None:
                 assert "409" in codes, (method, path)
     limit = next(p for p in paths["/api/v1/regions/"]["get"]["parameters"] if p["name"] == "limit")
     assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, 1000)
+
+
+def test_a_server_error_answers_api_clients_in_json_without_details(rf) -> None:
+    from controlplane.urls import handler500
+
+    response = handler500(rf.get("/api/v1/regions/"))
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/json"
+    assert b"Traceback" not in response.content and b"settings" not in response.content.lower()
+    page = handler500(rf.get("/nodes/"))
+    assert (page.status_code, b"Traceback" in page.content) == (500, False)
