@@ -208,7 +208,7 @@ class Gateway:
             await runtime.proxy.handle(scope, receive, send, endpoint)
             return
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/metrics"):
+            if path in ("/v1/models", "/healthz", "/health", "/metrics") or path.startswith("/v1/models/"):
                 await _send_error(send, GatewayError(405, f"{path} accepts GET only."))
             else:
                 await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
@@ -219,7 +219,19 @@ class Gateway:
                 await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
             else:
                 await send_response(send, 200, table.models_body, [JSON_CONTENT_TYPE])
-        elif path == "/healthz":
+        elif path.startswith("/v1/models/"):
+            model = path.removeprefix("/v1/models/")
+            body = table.model_bodies.get(model) if table is not None else None
+            if table is None:
+                await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
+            elif body is None:
+                error = GatewayError(
+                    404, f"The model `{model}` does not exist on this gateway.", param="model"
+                )
+                await _send_error(send, error)
+            else:
+                await send_response(send, 200, body, [JSON_CONTENT_TYPE])
+        elif path in ("/healthz", "/health"):  # /health: vLLM's name, which tools like guidellm probe
             body = msgspec.json.encode(
                 {
                     "status": "ok" if table is not None else "no policy",

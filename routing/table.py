@@ -43,6 +43,7 @@ class RoutingTable:
     session_header: str | None  # lower-case header the algorithm keys sessions on
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
+    model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
 
     @property
     def version(self) -> int:
@@ -81,15 +82,11 @@ def build_table(
         for path in UPSTREAM_PATHS
     }
     params = policy.params
-    models_body = msgspec.json.encode(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": int(snapshot.published_at), "owned_by": "gorgo"}
-                for name in models
-            ],
-        }
-    )
+    model_objects = [
+        {"id": name, "object": "model", "created": int(snapshot.published_at), "owned_by": "gorgo"}
+        for name in models
+    ]
+    models_body = msgspec.json.encode({"object": "list", "data": model_objects})
     session_header = getattr(params, "session_header", None)
     return RoutingTable(
         snapshot=snapshot,
@@ -105,4 +102,5 @@ def build_table(
         session_header=session_header.lower() if session_header else None,
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
+        model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
     )
