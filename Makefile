@@ -43,7 +43,8 @@ run: install
 	export GORGO_OPERATOR_PASSWORD="$${GORGO_OPERATOR_PASSWORD:-$$(cat var/operator-password)}"; \
 	$(PY) manage.py migrate --no-input -v 0 && \
 	$(PY) manage.py seed_demo && \
-	bash scripts/banner.sh && \
+	$(PY) manage.py seed_demo_key && \
+	GORGO_DEMO_KEY=$$(cat var/demo-key) bash scripts/banner.sh && \
 	exec $(VENV)/bin/honcho start -f Procfile
 
 test: lint

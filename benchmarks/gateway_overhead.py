@@ -430,7 +430,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"gorgo-{algorithm}",
             [python, "-m", "routing", "--port", "0", "--region", "bench"],
             workdir,
-            {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "GORGO_LOG_LEVEL": "info"},
+            {
+                "REDIS_URL": redis_url,
+                "GORGO_REDIS_PREFIX": prefix,
+                "GORGO_LOG_LEVEL": "info",
+                "GORGO_AUTH": "off",
+            },
             port_pattern=uvicorn_port,
         )
         target.note = f"policy {algorithm}, 4 nodes, 1 process, request log on"

@@ -27,12 +27,15 @@ from routing.background import run_bounded
 from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
+from routing.frontdoor import FrontDoor
 from routing.inflight import InFlight
+from routing.keystore import KeyStore
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.policy_store import PolicyStore, make_redis
 from routing.prefix_index import ApproxPrefixIndex
 from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
 from routing.proxy import Proxy
+from routing.ratelimit import RateLimiter, make_limiter_redis
 from routing.requestlog import RequestLog
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
@@ -56,6 +59,8 @@ class Runtime:
     inflight: InFlight
     metrics: GatewayMetrics
     proxy: Proxy
+    front_door: FrontDoor | None
+    limiter_redis: Redis | None
 
 
 class Gateway:
@@ -148,6 +153,16 @@ class Gateway:
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
+        front_door: FrontDoor | None = None
+        limiter_redis: Redis | None = None
+        if config.auth == "on":
+            limiter_redis = make_limiter_redis(config.redis_url, config.ratelimit_redis_timeout_s)
+            front_door = FrontDoor(
+                config.region,
+                KeyStore(redis, keys, refresh_s=config.key_refresh_s),
+                RateLimiter(limiter_redis, keys),
+                metrics,
+            )
         metrics.add_state_collector(
             StateCollector(
                 inflight,
@@ -159,11 +174,17 @@ class Gateway:
                 policy_events=lambda: dict(store.events),
                 request_log=lambda: (request_log.written, request_log.dropped, request_log.pending),
                 chars_per_token=lambda: ratio.value,
+                keyset_version=(lambda: front_door.store.version) if front_door is not None else None,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio)
-        self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
+        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio, front_door)
+        self.runtime = Runtime(
+            redis, session, store, request_log, sharing, inflight, metrics, proxy, front_door, limiter_redis
+        )
         await store.start()
+        if front_door is not None:
+            await front_door.store.start()
+            front_door.limiter.start()
         request_log.start()
         await sharing.start()
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
@@ -186,10 +207,15 @@ class Gateway:
         if runtime is None:
             return
         await runtime.store.close()
+        if runtime.front_door is not None:
+            await runtime.front_door.store.close()
+            await runtime.front_door.limiter.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
         await runtime.request_log.close()
         await runtime.session.close()
         await runtime.redis.aclose()
+        if runtime.limiter_redis is not None:
+            await runtime.limiter_redis.aclose()
 
     # ---- HTTP --------------------------------------------------------------------------------
 

@@ -12,11 +12,16 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+OnOff = Literal["on", "off"]
+ON_OFF: tuple[OnOff, ...] = get_args(OnOff)
+
+
+_C = TypeVar("_C", bound=str)
 
 
 class ConfigError(ValueError):
@@ -56,6 +61,9 @@ class GatewayConfig:
     live_refresh_interval_s: float = 1.0
     live_stale_s: float = 30.0
     node_down_cooldown_s: float = 5.0
+    auth: OnOff = "on"
+    key_refresh_s: float = 5.0
+    ratelimit_redis_timeout_s: float = 0.25
 
     def __repr__(self) -> str:  # the URL may carry a password
         shown = ", ".join(
@@ -104,6 +112,9 @@ class GatewayConfig:
             live_refresh_interval_s=reader.number("GORGO_LIVE_REFRESH_INTERVAL_S", 1.0, minimum=0.05),
             live_stale_s=reader.number("GORGO_LIVE_STALE_S", 30.0, minimum=0.1),
             node_down_cooldown_s=reader.number("GORGO_NODE_DOWN_COOLDOWN_S", 5.0, minimum=0.0),
+            auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
+            key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
+            ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),
         )
         scheme = urlsplit(config.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
@@ -149,7 +160,7 @@ class _EnvReader:
             raise ConfigError(f"{name} must be >= {minimum}, got {raw}")
         return value
 
-    def choice(self, name: str, default: LogLevel, choices: tuple[LogLevel, ...]) -> LogLevel:
+    def choice(self, name: str, default: _C, choices: tuple[_C, ...]) -> _C:
         raw = self.env.get(name, "").strip().lower() or default
         for choice in choices:
             if raw == choice:

@@ -65,6 +65,25 @@ class GatewayMetrics:
             ("node", "kind"),
             registry=self.registry,
         )
+        self._auth_failures = Counter(
+            "gorgo_gateway_auth_failures",
+            "Requests refused for their client key, by reason.",
+            ("reason",),
+            registry=self.registry,
+        )
+        self._rate_limited = Counter(
+            "gorgo_gateway_rate_limited",
+            "Requests refused by a client key's limits (429), by key and reason.",
+            ("key_id", "reason"),
+            registry=self.registry,
+        )
+        self._key_requests = Counter(
+            "gorgo_gateway_key_requests",
+            "Finished requests per client key, priority class and status class.",
+            ("key_id", "priority", "status_class"),
+            registry=self.registry,
+        )
+        self._key_children: dict[tuple[str, str, int], Counter] = {}
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._ttft_children: dict[str, Histogram] = {}
         self._duration_children: dict[str, Histogram] = {}
@@ -86,6 +105,22 @@ class GatewayMetrics:
             if ttft is None:
                 ttft = self._ttft_children[node] = self._ttft.labels(node)
             ttft.observe(ttft_s)
+
+    def auth_failure(self, reason: str) -> None:
+        self._auth_failures.labels(reason).inc()
+
+    def rate_limited(self, key_id: str, reason: str) -> None:
+        self._rate_limited.labels(key_id, reason).inc()
+
+    def key_request(self, key_id: str, priority: str, status: int) -> None:
+        status_class = status // 100
+        child_key = (key_id, priority, status_class)
+        counter = self._key_children.get(child_key)
+        if counter is None:
+            counter = self._key_children[child_key] = self._key_requests.labels(
+                key_id, priority, f"{status_class}xx"
+            )
+        counter.inc()
 
     def upstream_error(self, node: str, kind: str) -> None:
         self._upstream_errors.labels(node, kind).inc()
@@ -109,7 +144,9 @@ class StateCollector(Collector):
         policy_events: Callable[[], dict[str, int]],
         request_log: Callable[[], tuple[int, int, int]],
         chars_per_token: Callable[[], float] | None = None,
+        keyset_version: Callable[[], int | None] | None = None,
     ) -> None:
+        self._keyset_version = keyset_version
         self._inflight = inflight
         self._chars_per_token = chars_per_token
         self._node_names = node_names
@@ -154,6 +191,13 @@ class StateCollector(Collector):
                 "gorgo_gateway_chars_per_token",
                 "Prompt characters per node token the gateway estimates with (learned from usage).",
                 value=self._chars_per_token(),
+            )
+        if self._keyset_version is not None:
+            keyset = self._keyset_version()
+            yield GaugeMetricFamily(
+                "gorgo_gateway_keyset_version",
+                "Version of the client key set in use (-1: none loaded yet).",
+                value=-1 if keyset is None else keyset,
             )
         events = CounterMetricFamily(
             "gorgo_gateway_policy_events",

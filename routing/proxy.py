@@ -34,8 +34,9 @@ from routing.asgi import (
     send_response,
 )
 from routing.config import GatewayConfig
-from routing.contract import SCHEMA_VERSION, NodeSpec, RequestRecord
+from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
 from routing.errors import GatewayError
+from routing.frontdoor import Admission, FrontDoor
 from routing.inflight import InFlight, Lease
 from routing.metrics import NO_NODE, GatewayMetrics
 from routing.policy_store import PolicyStore
@@ -63,12 +64,14 @@ class _Exchange:
     """Everything one request accumulates on its way through, for the record and the metrics."""
 
     __slots__ = (
+        "admission",
         "arrival_s",
         "bytes_out",
         "client_gone",
         "decision",
         "error",
         "finished",
+        "key",
         "lease",
         "parsed",
         "prompt_tokens_est",
@@ -104,6 +107,8 @@ class _Exchange:
         self.finished = False  # the last byte is on its way: a disconnect now is not the client leaving
         self.client_gone = False
         self.response_started = False
+        self.key: ClientKeySpec | None = None
+        self.admission: Admission | None = None  # what the front door granted the key
 
 
 class Proxy:
@@ -119,6 +124,7 @@ class Proxy:
         metrics: GatewayMetrics,
         prefix_index: PrefixIndex,
         chars_per_token: CharsPerToken | None = None,
+        front_door: FrontDoor | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -134,6 +140,7 @@ class Proxy:
         self._sequence = 0
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
         self._ids = itertools.count(1)
+        self._front_door = front_door
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -143,13 +150,17 @@ class Proxy:
             try:
                 table = exchange.table
                 session_header = table.session_header if table is not None else None
-                headers, client_request_id, content_length, session_key = scan_request_headers(
-                    scope["headers"], session_header
+                front_door = self._front_door
+                scanned = scan_request_headers(
+                    scope["headers"], session_header, keep_credentials=front_door is None
                 )
-                exchange.request_id = client_request_id or f"{self._id_prefix}{next(self._ids):x}"
+                headers = scanned.forward
+                exchange.request_id = scanned.request_id or f"{self._id_prefix}{next(self._ids):x}"
                 headers.append(("X-Request-Id", exchange.request_id))
                 headers.append(("X-Gorgo-Region", self._region))
-                body = await read_body(receive, content_length, self._max_body_bytes)
+                if front_door is not None:  # before the body: a stranger's body is not worth reading
+                    exchange.key = front_door.authenticate(scanned)
+                body = await read_body(receive, scanned.content_length, self._max_body_bytes)
                 if table is None:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
@@ -158,6 +169,13 @@ class Proxy:
                     raise GatewayError(400, str(exc), param=exc.param) from None
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
+                exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+                if exchange.key is not None:
+                    assert front_door is not None
+                    exchange.admission = await front_door.admit(
+                        exchange.key, parsed.model, exchange.prompt_tokens_est
+                    )
+                session_key = scanned.session_key
                 # From here on the request waits on a node: watch for the client leaving.
                 assert task is not None
                 watch = DisconnectWatch(receive, exchange, task)
@@ -190,6 +208,8 @@ class Proxy:
                 watch.stop()
             if exchange.lease is not None:
                 exchange.lease.release()
+            if exchange.key is not None and self._front_door is not None:
+                self._front_door.done(exchange.key, exchange.admission, exchange.usage, exchange.status)
             self._finish(exchange)
 
     # ---- routing -----------------------------------------------------------------------------
@@ -259,8 +279,7 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         candidates = self._candidates(table, parsed.model)
-        prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
-        exchange.prompt_tokens_est = prompt_tokens_est
+        prompt_tokens_est = exchange.prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
@@ -353,6 +372,8 @@ class Proxy:
                 f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
             ),
         )
+        if exchange.admission is not None and exchange.admission.headers:
+            out_headers += exchange.admission.headers
         content = response.content
         if response.content_type != "text/event-stream":
             try:
@@ -504,6 +525,8 @@ class Proxy:
                     error=exchange.error,
                     cost=decision.cost if decision is not None else None,
                     runner_up=decision.runner_up if decision is not None else None,
+                    key_id=exchange.key.id if exchange.key is not None else None,
+                    priority=exchange.key.priority if exchange.key is not None else None,
                 )
             )
         except Exception:

@@ -20,7 +20,7 @@ from django.db import transaction
 OPERATORS = "operators"
 VIEWERS = "viewers"
 # Apps whose every permission operators get (add/change/delete/view and policies' publish).
-OPERATOR_APPS = ("fleet", "policies")
+OPERATOR_APPS = ("fleet", "policies", "keys")
 
 
 def sync_groups(apps: Apps = global_apps) -> None:
