@@ -24,6 +24,7 @@ from routing.algorithms import REGISTRY
 from routing.algorithms.base import AlgorithmInfo
 from routing.asgi import Receive, Scope, Send, send_response
 from routing.background import run_bounded
+from routing.breaker import Breakers
 from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
@@ -31,6 +32,7 @@ from routing.frontdoor import FrontDoor
 from routing.inflight import InFlight
 from routing.keystore import KeyStore
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
+from routing.node_probe import NodeProber
 from routing.policy_store import PolicyStore, make_redis
 from routing.prefix_index import ApproxPrefixIndex
 from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
@@ -61,6 +63,7 @@ class Runtime:
     proxy: Proxy
     front_door: FrontDoor | None
     limiter_redis: Redis | None
+    prober: NodeProber
 
 
 class Gateway:
@@ -153,6 +156,11 @@ class Gateway:
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
+        breakers = Breakers(
+            failure_threshold=config.breaker_failures,
+            open_s=config.node_down_cooldown_s,
+            max_open_s=config.breaker_max_open_s,
+        )
         front_door: FrontDoor | None = None
         limiter_redis: Redis | None = None
         if config.auth == "on":
@@ -175,17 +183,31 @@ class Gateway:
                 request_log=lambda: (request_log.written, request_log.dropped, request_log.pending),
                 chars_per_token=lambda: ratio.value,
                 keyset_version=(lambda: front_door.store.version) if front_door is not None else None,
+                breaker_states=breakers.states,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio, front_door)
+        proxy = Proxy(
+            config, session, store, inflight, request_log, metrics, index, ratio, front_door, breakers
+        )
         self.runtime = Runtime(
-            redis, session, store, request_log, sharing, inflight, metrics, proxy, front_door, limiter_redis
+            redis,
+            session,
+            store,
+            request_log,
+            sharing,
+            inflight,
+            metrics,
+            proxy,
+            front_door,
+            limiter_redis,
+            NodeProber(breakers, session, lambda: store.table),
         )
         await store.start()
         if front_door is not None:
             await front_door.store.start()
             front_door.limiter.start()
         request_log.start()
+        self.runtime.prober.start()
         await sharing.start()
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
         # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
@@ -210,6 +232,7 @@ class Gateway:
         if runtime.front_door is not None:
             await runtime.front_door.store.close()
             await runtime.front_door.limiter.close()
+        await runtime.prober.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
         await runtime.request_log.close()
         await runtime.session.close()

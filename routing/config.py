@@ -61,6 +61,12 @@ class GatewayConfig:
     live_refresh_interval_s: float = 1.0
     live_stale_s: float = 30.0
     node_down_cooldown_s: float = 5.0
+    upstream_first_byte_timeout_s: float = 5.0
+    upstream_idle_timeout_s: float = 10.0
+    upstream_retries: int = 1
+    retry_budget_ratio: float = 0.1
+    breaker_failures: int = 5
+    breaker_max_open_s: float = 60.0
     auth: OnOff = "on"
     key_refresh_s: float = 5.0
     ratelimit_redis_timeout_s: float = 0.25
@@ -112,6 +118,14 @@ class GatewayConfig:
             live_refresh_interval_s=reader.number("GORGO_LIVE_REFRESH_INTERVAL_S", 1.0, minimum=0.05),
             live_stale_s=reader.number("GORGO_LIVE_STALE_S", 30.0, minimum=0.1),
             node_down_cooldown_s=reader.number("GORGO_NODE_DOWN_COOLDOWN_S", 5.0, minimum=0.0),
+            upstream_first_byte_timeout_s=reader.number(
+                "GORGO_UPSTREAM_FIRST_BYTE_TIMEOUT_S", 5.0, minimum=0.001
+            ),
+            upstream_idle_timeout_s=reader.number("GORGO_UPSTREAM_IDLE_TIMEOUT_S", 10.0, minimum=0.001),
+            upstream_retries=reader.integer("GORGO_UPSTREAM_RETRIES", 1, minimum=0, maximum=5),
+            retry_budget_ratio=reader.number("GORGO_RETRY_BUDGET_RATIO", 0.1, minimum=0.0),
+            breaker_failures=reader.integer("GORGO_BREAKER_FAILURES", 5, minimum=1),
+            breaker_max_open_s=reader.number("GORGO_BREAKER_MAX_OPEN_S", 60.0, minimum=0.1),
             auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
             key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
             ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),

@@ -83,6 +83,18 @@ class GatewayMetrics:
             ("key_id", "priority", "status_class"),
             registry=self.registry,
         )
+        self._timeouts = Counter(
+            "gorgo_gateway_timeouts",
+            "Timeouts by kind: first_byte, idle, connect (nodes); header_read, body_read (clients).",
+            ("kind",),
+            registry=self.registry,
+        )
+        self._retries = Counter(
+            "gorgo_gateway_retries",
+            "Requests sent again to a node before any byte reached the client, by the first failure.",
+            ("reason",),
+            registry=self.registry,
+        )
         self._key_children: dict[tuple[str, str, int], Counter] = {}
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._ttft_children: dict[str, Histogram] = {}
@@ -105,6 +117,12 @@ class GatewayMetrics:
             if ttft is None:
                 ttft = self._ttft_children[node] = self._ttft.labels(node)
             ttft.observe(ttft_s)
+
+    def timeout(self, kind: str) -> None:
+        self._timeouts.labels(kind).inc()
+
+    def retry(self, reason: str) -> None:
+        self._retries.labels(reason).inc()
 
     def auth_failure(self, reason: str) -> None:
         self._auth_failures.labels(reason).inc()
@@ -145,8 +163,10 @@ class StateCollector(Collector):
         request_log: Callable[[], tuple[int, int, int]],
         chars_per_token: Callable[[], float] | None = None,
         keyset_version: Callable[[], int | None] | None = None,
+        breaker_states: Callable[[], dict[int, int]] | None = None,
     ) -> None:
         self._keyset_version = keyset_version
+        self._breaker_states = breaker_states
         self._inflight = inflight
         self._chars_per_token = chars_per_token
         self._node_names = node_names
@@ -175,6 +195,16 @@ class StateCollector(Collector):
             prefill.add_metric([name], prefill_tokens.get(node_id, 0))
         yield requests
         yield prefill
+        if self._breaker_states is not None:
+            breakers = GaugeMetricFamily(
+                "gorgo_gateway_breaker_state",
+                "Circuit breaker per node: 0 closed, 1 half-open, 2 open.",
+                labels=["node"],
+            )
+            states = self._breaker_states()
+            for node_id, name in sorted(names.items()):
+                breakers.add_metric([name], states.get(node_id, 0))
+            yield breakers
         version = self._policy_version()
         yield GaugeMetricFamily(
             "gorgo_gateway_policy_version",

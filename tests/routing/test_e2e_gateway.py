@@ -61,7 +61,9 @@ def publish_policy(
     client.close()
 
 
-def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gateway") -> str:
+def start_gateway(
+    processes, redis_url: str, keys: RedisKeys, name: str = "gateway", env: dict[str, str] | None = None
+) -> str:
     process = processes.start(
         name,
         [sys.executable, "-m", "routing", "--region", "us-east", "--port", "0"],
@@ -71,6 +73,7 @@ def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gatew
             "GORGO_REDIS_PREFIX": keys.prefix,
             "GORGO_LOG_LEVEL": "info",
             "GORGO_AUTH": "off",
+            **(env or {}),
         },
         ready_text="Uvicorn running on",
     )
