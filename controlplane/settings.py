@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "controlplane.keys",
     "telemetry",
     "controlplane.dashboard",
+    "controlplane.demo",  # seed_demo: development-only, the one importer of the simulator
 ]
 
 MIDDLEWARE = [

@@ -31,7 +31,6 @@ from routing.contract import (
     ModelSpec,
     NodeLiveState,
     NodeSpec,
-    PolicyAnnouncement,
     PolicySnapshot,
     PolicySpec,
     RedisKeys,
@@ -43,7 +42,7 @@ from routing.contract import (
     encode,
 )
 from routing.keystore import secret_hash
-from routing.writer import write_key_set_async
+from routing.writer import write_key_set_async, write_snapshot_async
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REGIONS = (
@@ -111,10 +110,8 @@ def make_snapshot(
 
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
-    """What the control plane does: SET the snapshot, then announce it."""
-    await client.set(keys.policy_current, encode(snapshot))
-    announcement = PolicyAnnouncement(SCHEMA_VERSION, snapshot.version, snapshot.checksum)
-    await client.publish(keys.policy_channel, encode(announcement))
+    """What the control plane does: compare-and-set the snapshot, then announce it."""
+    assert await write_snapshot_async(client, keys, snapshot), "Redis holds a newer snapshot"
 
 
 async def publish_live(

@@ -1,18 +1,21 @@
+"""Grant the operators and viewers groups the client keys' permissions (see controlplane/accounts.py)."""
+
 from __future__ import annotations
 
 from django.db import migrations
 
 
-def grant_operators(apps, schema_editor):
-    from controlplane.fleet.accounts import sync_groups
+def grant_permissions(apps, schema_editor):
+    from controlplane.accounts import sync_groups
 
-    sync_groups(apps)  # operators manage client keys; viewers may look at them
+    sync_groups(apps, ("keys",))  # operators manage client keys; viewers may look at them
 
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0003_rename_model_llmmodel"),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("contenttypes", "0002_remove_content_type_name"),
         ("keys", "0001_initial"),
     ]
 
-    operations = [migrations.RunPython(grant_operators, migrations.RunPython.noop)]
+    operations = [migrations.RunPython(grant_permissions, migrations.RunPython.noop)]
