@@ -39,6 +39,7 @@ from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
 from routing.proxy import Proxy
 from routing.ratelimit import RateLimiter, make_limiter_redis
 from routing.requestlog import RequestLog
+from routing.server import GuardedHttpToolsProtocol
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
@@ -184,6 +185,8 @@ class Gateway:
                 chars_per_token=lambda: ratio.value,
                 keyset_version=(lambda: front_door.store.version) if front_door is not None else None,
                 breaker_states=breakers.states,
+                client_stats=_client_stats,
+                timeouts=lambda: metrics.timeout_counts,
             )
         )
         proxy = Proxy(
@@ -308,6 +311,17 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
     ratio.set_prior(table.chars_per_token)  # a new prior restarts learning; the same one keeps it
     index.set_chars_per_token(ratio.value)
     index.sync_nodes(table.snapshot.nodes)
+
+
+def _client_stats() -> tuple[int, int, int, int]:
+    """This process's client-side counters (``routing.server``; zero when uvicorn's own protocol runs)."""
+    stats = GuardedHttpToolsProtocol.stats
+    return (
+        len(stats.connections),
+        stats.rejected_connections,
+        stats.header_timeouts,
+        stats.body_timeouts,
+    )
 
 
 def create_app(config: GatewayConfig | None = None) -> Gateway:

@@ -67,6 +67,12 @@ class GatewayConfig:
     retry_budget_ratio: float = 0.1
     breaker_failures: int = 5
     breaker_max_open_s: float = 60.0
+    client_max_header_bytes: int = 64 * 1024
+    client_max_headers: int = 100
+    client_header_timeout_s: float = 10.0
+    client_body_timeout_s: float = 30.0
+    client_keepalive_s: float = 75.0
+    max_connections: int = 2048
     auth: OnOff = "on"
     key_refresh_s: float = 5.0
     ratelimit_redis_timeout_s: float = 0.25
@@ -126,6 +132,12 @@ class GatewayConfig:
             retry_budget_ratio=reader.number("GORGO_RETRY_BUDGET_RATIO", 0.1, minimum=0.0),
             breaker_failures=reader.integer("GORGO_BREAKER_FAILURES", 5, minimum=1),
             breaker_max_open_s=reader.number("GORGO_BREAKER_MAX_OPEN_S", 60.0, minimum=0.1),
+            client_max_header_bytes=reader.integer("GORGO_CLIENT_MAX_HEADER_BYTES", 64 * 1024, minimum=1024),
+            client_max_headers=reader.integer("GORGO_CLIENT_MAX_HEADERS", 100, minimum=10),
+            client_header_timeout_s=reader.number("GORGO_CLIENT_HEADER_TIMEOUT_S", 10.0, minimum=0.1),
+            client_body_timeout_s=reader.number("GORGO_CLIENT_BODY_TIMEOUT_S", 30.0, minimum=0.1),
+            client_keepalive_s=reader.number("GORGO_CLIENT_KEEPALIVE_S", 75.0, minimum=0.1),
+            max_connections=reader.integer("GORGO_MAX_CONNECTIONS", 2048, minimum=1),
             auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
             key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
             ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),

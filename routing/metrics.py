@@ -83,12 +83,9 @@ class GatewayMetrics:
             ("key_id", "priority", "status_class"),
             registry=self.registry,
         )
-        self._timeouts = Counter(
-            "gorgo_gateway_timeouts",
-            "Timeouts by kind: first_byte, idle, connect (nodes); header_read, body_read (clients).",
-            ("kind",),
-            registry=self.registry,
-        )
+        # Timeouts of nodes (counted here) and of clients (counted by the server protocol) are one
+        # family, gorgo_gateway_timeouts_total{kind}, written at scrape time by the StateCollector.
+        self.timeout_counts: dict[str, int] = {}
         self._retries = Counter(
             "gorgo_gateway_retries",
             "Requests sent again to a node before any byte reached the client, by the first failure.",
@@ -119,7 +116,7 @@ class GatewayMetrics:
             ttft.observe(ttft_s)
 
     def timeout(self, kind: str) -> None:
-        self._timeouts.labels(kind).inc()
+        self.timeout_counts[kind] = self.timeout_counts.get(kind, 0) + 1
 
     def retry(self, reason: str) -> None:
         self._retries.labels(reason).inc()
@@ -164,7 +161,11 @@ class StateCollector(Collector):
         chars_per_token: Callable[[], float] | None = None,
         keyset_version: Callable[[], int | None] | None = None,
         breaker_states: Callable[[], dict[int, int]] | None = None,
+        client_stats: Callable[[], tuple[int, int, int, int]] | None = None,
+        timeouts: Callable[[], dict[str, int]] | None = None,
     ) -> None:
+        self._client_stats = client_stats
+        self._timeouts = timeouts
         self._keyset_version = keyset_version
         self._breaker_states = breaker_states
         self._inflight = inflight
@@ -222,6 +223,28 @@ class StateCollector(Collector):
                 "Prompt characters per node token the gateway estimates with (learned from usage).",
                 value=self._chars_per_token(),
             )
+        timeouts = dict(self._timeouts()) if self._timeouts is not None else {}
+        if self._client_stats is not None:
+            open_now, rejected, header_timeouts, body_timeouts = self._client_stats()
+            timeouts["header_read"] = header_timeouts
+            timeouts["body_read"] = body_timeouts
+            yield GaugeMetricFamily(
+                "gorgo_gateway_connections_open", "Client connections open now.", value=open_now
+            )
+            yield CounterMetricFamily(
+                "gorgo_gateway_connections_rejected",
+                "Client connections refused at GORGO_MAX_CONNECTIONS (503).",
+                value=rejected,
+            )
+        if timeouts:
+            family = CounterMetricFamily(
+                "gorgo_gateway_timeouts",
+                "Timeouts: first_byte, idle, connect (nodes); header_read, body_read (clients).",
+                labels=["kind"],
+            )
+            for kind, count in sorted(timeouts.items()):
+                family.add_metric([kind], count)
+            yield family
         if self._keyset_version is not None:
             keyset = self._keyset_version()
             yield GaugeMetricFamily(
