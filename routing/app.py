@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 from redis.asyncio import Redis
 
+from routing.admission import Admission
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import AlgorithmInfo
 from routing.asgi import Receive, Scope, Send, send_response
@@ -162,6 +163,15 @@ class Gateway:
             open_s=config.node_down_cooldown_s,
             max_open_s=config.breaker_max_open_s,
         )
+        admission = Admission(
+            inflight.outstanding,
+            factor=config.admission_factor,
+            max_length=config.queue_max_length,
+            max_wait_s=config.queue_max_wait_s,
+            on_wait=metrics.queue_wait,
+            on_reject=metrics.queue_rejected,
+        )
+        inflight.on_release = admission.released
         front_door: FrontDoor | None = None
         limiter_redis: Redis | None = None
         if config.auth == "on":
@@ -187,10 +197,21 @@ class Gateway:
                 breaker_states=breakers.states,
                 client_stats=_client_stats,
                 timeouts=lambda: metrics.timeout_counts,
+                queue_lengths=admission.lengths,
             )
         )
         proxy = Proxy(
-            config, session, store, inflight, request_log, metrics, index, ratio, front_door, breakers
+            config,
+            session,
+            store,
+            inflight,
+            request_log,
+            metrics,
+            index,
+            ratio,
+            front_door,
+            breakers,
+            admission if admission.enabled else None,
         )
         self.runtime = Runtime(
             redis,

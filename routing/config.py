@@ -73,6 +73,9 @@ class GatewayConfig:
     client_body_timeout_s: float = 30.0
     client_keepalive_s: float = 75.0
     max_connections: int = 2048
+    admission_factor: float = 2.0
+    queue_max_length: int = 512
+    queue_max_wait_s: float = 5.0
     auth: OnOff = "on"
     key_refresh_s: float = 5.0
     ratelimit_redis_timeout_s: float = 0.25
@@ -138,6 +141,9 @@ class GatewayConfig:
             client_body_timeout_s=reader.number("GORGO_CLIENT_BODY_TIMEOUT_S", 30.0, minimum=0.1),
             client_keepalive_s=reader.number("GORGO_CLIENT_KEEPALIVE_S", 75.0, minimum=0.1),
             max_connections=reader.integer("GORGO_MAX_CONNECTIONS", 2048, minimum=1),
+            admission_factor=reader.number("GORGO_ADMISSION_FACTOR", 2.0, minimum=0.0),
+            queue_max_length=reader.integer("GORGO_QUEUE_MAX_LENGTH", 512, minimum=0),
+            queue_max_wait_s=reader.number("GORGO_QUEUE_MAX_WAIT_S", 5.0, minimum=0.0),
             auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
             key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
             ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),

@@ -22,7 +22,7 @@ from routing.usage import Usage
 CONCURRENCY = "concurrency"
 
 
-class Admission:
+class Grant:
     """What ``admit`` granted one request: undone by ``done``."""
 
     __slots__ = ("charged_tokens", "headers")
@@ -51,7 +51,7 @@ class FrontDoor:
             self._metrics.auth_failure(exc.reason)
             raise
 
-    async def admit(self, key: ClientKeySpec, model: str, prompt_tokens_est: int) -> Admission:
+    async def admit(self, key: ClientKeySpec, model: str, prompt_tokens_est: int) -> Grant:
         """Scope, concurrency and rate checks; the request counts toward the key's limits after."""
         try:
             authorize(key, model, self._region)
@@ -85,19 +85,19 @@ class FrontDoor:
             charged = prompt_tokens_est if key.tokens_per_min else 0
         self._open[key.id] = self._open.get(key.id, 0) + 1
         self.store.touch(key.id, time.monotonic())
-        return Admission(charged, headers)
+        return Grant(charged, headers)
 
-    def done(self, key: ClientKeySpec, admission: Admission | None, usage: Usage | None, status: int) -> None:
+    def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:
         """The request is over: free its concurrency slot, settle its tokens, count it."""
         self._metrics.key_request(key.id, key.priority, status)
-        if admission is None:
+        if grant is None:
             return
         self._open[key.id] -= 1
-        if admission.charged_tokens or key.tokens_per_min:
+        if grant.charged_tokens or key.tokens_per_min:
             if usage is not None and usage.prompt_tokens is not None:
                 used = usage.prompt_tokens + (usage.completion_tokens or 0)
             elif status >= 400:
                 used = 0  # nothing was generated: give the charge back
             else:
                 return  # a stream without a usage event: the estimate stands
-            self.limiter.settle(key, admission.charged_tokens, used)
+            self.limiter.settle(key, grant.charged_tokens, used)

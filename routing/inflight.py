@@ -8,7 +8,7 @@ node has finished prefill by then) and toward outstanding requests until it is d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from routing.algorithms.base import NodeLoad
 
@@ -41,12 +41,13 @@ class Lease:
 class InFlight:
     """Outstanding requests and prefill tokens per node id, plus peers' load."""
 
-    __slots__ = ("_peer_load", "_prefill_tokens", "_requests")
+    __slots__ = ("_peer_load", "_prefill_tokens", "_requests", "on_release")
 
     def __init__(self) -> None:
         self._requests: dict[int, int] = {}
         self._prefill_tokens: dict[int, int] = {}
         self._peer_load: Mapping[int, NodeLoad] = {}
+        self.on_release: Callable[[int], None] | None = None  # a request on the node finished
 
     def begin(self, node_id: int, prefill_tokens: int) -> Lease:
         self._add(node_id, 1, prefill_tokens)
@@ -55,6 +56,13 @@ class InFlight:
     def _add(self, node_id: int, requests: int, prefill_tokens: int) -> None:
         self._requests[node_id] = self._requests.get(node_id, 0) + requests
         self._prefill_tokens[node_id] = self._prefill_tokens.get(node_id, 0) + prefill_tokens
+        if requests < 0 and self.on_release is not None:
+            self.on_release(node_id)
+
+    def outstanding(self, node_id: int) -> int:
+        """Outstanding requests on ``node_id``: ours plus the peers'."""
+        peer = self._peer_load.get(node_id)
+        return self._requests.get(node_id, 0) + (peer.outstanding_requests if peer is not None else 0)
 
     def outstanding_requests(self) -> dict[int, int]:
         return dict(self._requests)

@@ -92,6 +92,19 @@ class GatewayMetrics:
             ("reason",),
             registry=self.registry,
         )
+        self._queue_wait = Histogram(
+            "gorgo_gateway_queue_wait_seconds",
+            "Time requests waited for a node with room, by priority class.",
+            ("priority",),
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=self.registry,
+        )
+        self._queue_rejected = Counter(
+            "gorgo_gateway_queue_rejected",
+            "Requests refused (503) by the admission queue, by priority and reason (full, timeout).",
+            ("priority", "reason"),
+            registry=self.registry,
+        )
         self._key_children: dict[tuple[str, str, int], Counter] = {}
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._ttft_children: dict[str, Histogram] = {}
@@ -114,6 +127,12 @@ class GatewayMetrics:
             if ttft is None:
                 ttft = self._ttft_children[node] = self._ttft.labels(node)
             ttft.observe(ttft_s)
+
+    def queue_wait(self, priority: str, seconds: float) -> None:
+        self._queue_wait.labels(priority).observe(seconds)
+
+    def queue_rejected(self, priority: str, reason: str) -> None:
+        self._queue_rejected.labels(priority, reason).inc()
 
     def timeout(self, kind: str) -> None:
         self.timeout_counts[kind] = self.timeout_counts.get(kind, 0) + 1
@@ -163,7 +182,9 @@ class StateCollector(Collector):
         breaker_states: Callable[[], dict[int, int]] | None = None,
         client_stats: Callable[[], tuple[int, int, int, int]] | None = None,
         timeouts: Callable[[], dict[str, int]] | None = None,
+        queue_lengths: Callable[[], dict[str, int]] | None = None,
     ) -> None:
+        self._queue_lengths = queue_lengths
         self._client_stats = client_stats
         self._timeouts = timeouts
         self._keyset_version = keyset_version
@@ -223,6 +244,15 @@ class StateCollector(Collector):
                 "Prompt characters per node token the gateway estimates with (learned from usage).",
                 value=self._chars_per_token(),
             )
+        if self._queue_lengths is not None:
+            lengths = GaugeMetricFamily(
+                "gorgo_gateway_queue_length",
+                "Requests waiting for a node with room, by priority class.",
+                labels=["priority"],
+            )
+            for priority, length in sorted(self._queue_lengths().items()):
+                lengths.add_metric([priority], length)
+            yield lengths
         timeouts = dict(self._timeouts()) if self._timeouts is not None else {}
         if self._client_stats is not None:
             open_now, rejected, header_timeouts, body_timeouts = self._client_stats()

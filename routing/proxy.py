@@ -21,6 +21,7 @@ import time
 
 import aiohttp
 
+from routing.admission import Admission
 from routing.algorithms.base import Decision, RoutingRequest, RoutingView
 from routing.asgi import (
     ClientGone,
@@ -37,7 +38,7 @@ from routing.breaker import Breakers, RetryBudget
 from routing.config import GatewayConfig
 from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
 from routing.errors import GatewayError
-from routing.frontdoor import Admission, FrontDoor
+from routing.frontdoor import FrontDoor, Grant
 from routing.inflight import InFlight, Lease
 from routing.metrics import NO_NODE, GatewayMetrics
 from routing.policy_store import PolicyStore
@@ -64,13 +65,13 @@ class _Exchange:
     """Everything one request accumulates on its way through, for the record and the metrics."""
 
     __slots__ = (
-        "admission",
         "arrival_s",
         "bytes_out",
         "client_gone",
         "decision",
         "error",
         "finished",
+        "grant",
         "key",
         "lease",
         "parsed",
@@ -108,7 +109,7 @@ class _Exchange:
         self.client_gone = False
         self.response_started = False
         self.key: ClientKeySpec | None = None
-        self.admission: Admission | None = None  # what the front door granted the key
+        self.grant: Grant | None = None  # what the front door granted the key
 
 
 class Proxy:
@@ -126,6 +127,7 @@ class Proxy:
         chars_per_token: CharsPerToken | None = None,
         front_door: FrontDoor | None = None,
         breakers: Breakers | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -144,6 +146,7 @@ class Proxy:
         self._front_door = front_door
         self._breakers = breakers if breakers is not None else Breakers(open_s=config.node_down_cooldown_s)
         self._retry_budget = RetryBudget(config.retry_budget_ratio)
+        self._admission = admission
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -175,7 +178,7 @@ class Proxy:
                 exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
                 if exchange.key is not None:
                     assert front_door is not None
-                    exchange.admission = await front_door.admit(
+                    exchange.grant = await front_door.admit(
                         exchange.key, parsed.model, exchange.prompt_tokens_est
                     )
                 session_key = scanned.session_key
@@ -212,7 +215,7 @@ class Proxy:
             if exchange.lease is not None:
                 exchange.lease.release()
             if exchange.key is not None and self._front_door is not None:
-                self._front_door.done(exchange.key, exchange.admission, exchange.usage, exchange.status)
+                self._front_door.done(exchange.key, exchange.grant, exchange.usage, exchange.status)
             self._finish(exchange)
 
     # ---- routing -----------------------------------------------------------------------------
@@ -291,6 +294,15 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         candidates = self._candidates(table, parsed.model)
+        admission = self._admission
+        if admission is not None:
+            with_room = admission.with_room(candidates)
+            if not with_room:
+                priority = exchange.key.priority if exchange.key is not None else "interactive"
+                node = await admission.wait(candidates, priority)
+                admission.claim(node.id)  # from here to the lease in _open: no await
+                with_room = (node,)
+            candidates = with_room
         prompt_tokens_est = exchange.prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
@@ -425,8 +437,8 @@ class Proxy:
                 f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
             ),
         )
-        if exchange.admission is not None and exchange.admission.headers:
-            out_headers += exchange.admission.headers
+        if exchange.grant is not None and exchange.grant.headers:
+            out_headers += exchange.grant.headers
         content = response.content
         if response.content_type != "text/event-stream":
             try:
