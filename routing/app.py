@@ -179,7 +179,7 @@ class Gateway:
             front_door = FrontDoor(
                 config.region,
                 KeyStore(redis, keys, refresh_s=config.key_refresh_s),
-                RateLimiter(limiter_redis, keys),
+                RateLimiter(limiter_redis, keys, lease_fraction=config.ratelimit_lease_fraction),
                 metrics,
             )
         metrics.add_state_collector(

@@ -80,6 +80,7 @@ class GatewayConfig:
     auth: OnOff = "on"
     key_refresh_s: float = 5.0
     ratelimit_redis_timeout_s: float = 0.25
+    ratelimit_lease_fraction: float = 0.01
 
     def __repr__(self) -> str:  # the URL may carry a password
         shown = ", ".join(
@@ -148,6 +149,7 @@ class GatewayConfig:
             auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
             key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
             ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),
+            ratelimit_lease_fraction=reader.number("GORGO_RATELIMIT_LEASE_FRACTION", 0.01, minimum=0.0),
         )
         scheme = urlsplit(config.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):

@@ -36,9 +36,10 @@ logger = logging.getLogger("routing.ratelimit")
 _WINDOW_MS = 60_000  # limits are per minute
 _IDLE_EXPIRE_MS = 2 * _WINDOW_MS
 
-# KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge.
+# KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
+# extra requests and extra tokens to lease for the gateway's next requests (only what is there).
 # Returns {allowed, reason (0 none, 1 requests, 2 tokens), requests left, ms to full, tokens left,
-# ms to full, ms until the request could pass}.
+# ms to full, ms until the request could pass, extra requests leased, extra tokens leased}.
 _CHECK = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
@@ -65,9 +66,19 @@ if tpm > 0 and t < cost then
   if reason == 0 or token_wait > wait then reason = 2 end
   if token_wait > wait then wait = token_wait end
 end
+local extra_r = 0
+local extra_t = 0
 if reason == 0 then
-  if rpm > 0 then r = r - 1 end
-  if tpm > 0 then t = t - cost end
+  if rpm > 0 then
+    r = r - 1
+    extra_r = math.max(0, math.min(tonumber(ARGV[4]), math.floor(r)))
+    r = r - extra_r
+  end
+  if tpm > 0 then
+    t = t - cost
+    extra_t = math.max(0, math.min(tonumber(ARGV[5]), math.floor(t)))
+    t = t - extra_t
+  end
   redis.call('HSET', KEYS[1], 'r', tostring(r), 'rt', now, 't', tostring(t), 'tt', now)
   redis.call('PEXPIRE', KEYS[1], 120000)
 end
@@ -75,7 +86,7 @@ local r_reset = 0
 local t_reset = 0
 if rpm > 0 then r_reset = (rpm - r) * 60000 / rpm end
 if tpm > 0 then t_reset = (tpm - t) * 60000 / tpm end
-return {reason == 0 and 1 or 0, reason, math.floor(r), math.ceil(r_reset), math.floor(t), math.ceil(t_reset), math.ceil(wait)}
+return {reason == 0 and 1 or 0, reason, math.floor(r), math.ceil(r_reset), math.floor(t), math.ceil(t_reset), math.ceil(wait), extra_r, extra_t}
 """
 
 # KEYS[1]: the bucket hash. ARGV: tokens/min, tokens to give back (negative: to take).
@@ -108,7 +119,7 @@ def _reset_text(ms: float) -> bytes:
 
 
 def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verdict:
-    allowed, reason, requests_left, requests_reset_ms, tokens_left, tokens_reset_ms, wait_ms = raw
+    allowed, reason, requests_left, requests_reset_ms, tokens_left, tokens_reset_ms, wait_ms = raw[:7]
     headers: list[tuple[bytes, bytes]] = []
     if key.requests_per_min:
         headers += [
@@ -175,6 +186,18 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
     )
 
 
+class _Lease:
+    """Allowance a gateway took from a key's shared buckets ahead of its next requests."""
+
+    __slots__ = ("limits", "requests", "shared", "tokens")
+
+    def __init__(self, limits: tuple[int, int], requests: float, tokens: float, shared: list[float]) -> None:
+        self.limits = limits
+        self.requests = requests
+        self.tokens = tokens
+        self.shared = shared  # the script's last answer: what the shared buckets held then
+
+
 class RateLimiter:
     """Checks and charges a key's shared buckets; settles token charges in the background."""
 
@@ -185,11 +208,14 @@ class RateLimiter:
         *,
         retry_after_s: float = 1.0,
         settle_interval_s: float = 0.1,
+        lease_fraction: float = 0.01,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._retry_after_s = retry_after_s
         self._settle_interval_s = settle_interval_s
+        self._lease_fraction = lease_fraction
+        self._leases: dict[str, _Lease] = {}
         self._check = redis.register_script(_CHECK)
         self._settle = redis.register_script(_SETTLE)
         self.local = LocalBuckets()
@@ -204,20 +230,58 @@ class RateLimiter:
         return bool(key.requests_per_min or key.tokens_per_min)
 
     async def check(self, key: ClientKeySpec, cost_tokens: int) -> Verdict:
-        """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it."""
+        """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it.
+
+        From this gateway's lease when it covers the request (no Redis call), else one script call
+        that charges the request and takes the next lease: ``lease_fraction`` of the key's limits
+        per minute, or whatever is left. Leased allowance was taken from the shared buckets, so
+        leasing never lets the fleet admit more than the limits; it only lets one gateway hold
+        (at most ``lease_fraction`` of a minute's) allowance the others then cannot use.
+        """
+        rpm = key.requests_per_min or 0
+        tpm = key.tokens_per_min or 0
+        lease = self._leases.get(key.id)
+        if (
+            lease is not None
+            and lease.limits == (rpm, tpm)
+            and (not rpm or lease.requests >= 1)
+            and (not tpm or lease.tokens >= cost_tokens)
+        ):
+            lease.requests -= 1 if rpm else 0
+            lease.tokens -= cost_tokens if tpm else 0
+            shared = lease.shared
+            return make_verdict(
+                key,
+                (1, 0, shared[2] + lease.requests, shared[3], shared[4] + lease.tokens, shared[5], 0),
+            )
         now = time.monotonic()
         if now >= self._redis_skip_until:
+            extra_requests = int(rpm * self._lease_fraction)
+            extra_tokens = int(tpm * self._lease_fraction)
             try:
                 # The client's own socket timeouts bound this (see make_limiter_redis).
                 raw = await self._check(
                     keys=[self._keys.rate_limit(key.id)],
-                    args=[key.requests_per_min or 0, key.tokens_per_min or 0, cost_tokens],
+                    args=[rpm, tpm, cost_tokens, extra_requests, extra_tokens],
                 )
-                return make_verdict(key, raw)
             except (RedisError, OSError, TimeoutError) as exc:
                 if self._redis_skip_until <= now:
                     logger.warning("rate limits: Redis unreachable (%s); per-gateway limits meanwhile", exc)
                 self._redis_skip_until = now + self._retry_after_s
+            else:
+                if not raw[0]:
+                    return make_verdict(key, raw)
+                leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+                lease = self._leases[key.id] = _Lease(
+                    (rpm, tpm),
+                    raw[7] + (leftover.requests if leftover else 0),
+                    raw[8] + (leftover.tokens if leftover else 0),
+                    list(raw),
+                )
+                # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
+                return make_verdict(
+                    key, (1, 0, raw[2] + lease.requests, raw[3], raw[4] + lease.tokens, raw[5], 0)
+                )
         self.fallbacks += 1
         return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
 

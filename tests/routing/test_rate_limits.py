@@ -130,3 +130,23 @@ class TestRedisDownFallback:
         await asyncio.sleep(0.06)
         await limiter.check(key, 1)
         assert limiter.fallbacks == 1
+
+
+class TestLeases:
+    async def test_a_gateway_leases_a_slice_of_the_limit_so_most_requests_skip_redis(
+        self, redis_url, redis_keys
+    ):
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=300)  # leases of 3 requests beyond the one asked for
+        try:
+            levels = []
+            for _ in range(5):
+                verdict = await limiter.check(key, 1)
+                assert verdict.allowed
+                levels.append(float(await client.hget(redis_keys.rate_limit(key.id), "r")))
+        finally:
+            await client.aclose()
+        # One script call took 1 + 3; the next three came from the lease; the fifth called again.
+        assert [round(level) for level in levels] == [296, 296, 296, 296, 292]
+        assert verdict.headers[1] == (b"x-ratelimit-remaining-requests", b"295")
