@@ -21,7 +21,7 @@ def secret_in(response) -> str:
 
 
 def test_an_operator_creates_a_key_and_sees_its_secret_once(
-    operator_client: Client, fleet, redis_conn, dash_keys
+    operator_client: Client, fleet, redis_conn, cp_keys
 ):
     response = operator_client.post(
         "/keys/",
@@ -40,7 +40,7 @@ def test_an_operator_creates_a_key_and_sees_its_secret_once(
     assert key.secret_sha256 == hashlib.sha256(secret.encode()).hexdigest()
     listing = operator_client.get("/keys/")
     assert secret.encode() not in listing.content and key.key_id.encode() in listing.content
-    published = decode(redis_conn.get(dash_keys.key_set), ClientKeySet)
+    published = decode(redis_conn.get(cp_keys.key_set), ClientKeySet)
     assert [spec.id for spec in published.keys] == [key.key_id]
 
 
