@@ -64,6 +64,7 @@ bench: install
 	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
+	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/routing_decision.py && \
 	$(PY) benchmarks/routing_quality.py
 
