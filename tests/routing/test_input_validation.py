@@ -134,3 +134,17 @@ class TestParserFuzz:
                 parse_body(endpoint, json.dumps(document).encode())
             except BodyError:
                 pass
+
+
+class TestDiscoveryEndpoints:
+    async def test_health_and_model_retrieval_answer_like_vllm(self, aredis, redis_keys, redis_url, stubs):
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            health = await gateway.http.get("/health")
+            model = await gateway.http.get(f"/v1/models/{MODEL}")
+            missing = await gateway.http.get("/v1/models/no-such-model")
+            wrong_method = await gateway.http.post("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert model.status_code == 200 and model.json()["id"] == MODEL and model.json()["object"] == "model"
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        assert wrong_method.status_code == 405
