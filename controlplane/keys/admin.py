@@ -1,10 +1,14 @@
-"""Django admin for client keys: a new key's secret is shown once, in the message after saving."""
+"""Django admin for client keys: a new key's secret is shown once, on the page that answers the save.
+
+Not in a message: Django's default message storage is a signed (readable) cookie, and a secret
+must not travel or linger there."""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 
 from controlplane.keys.models import ClientKey
 
@@ -21,9 +25,23 @@ class ClientKeyAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ClientKey, form, change: bool) -> None:
         if not change:
-            secret = obj.set_new_secret()
-            messages.warning(request, f"The key's secret (shown only now, store it safely): {secret}")
+            request._client_key_secret = obj.set_new_secret()  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: ClientKey, post_url_continue=None) -> HttpResponse:
+        secret = getattr(request, "_client_key_secret", None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Client key {obj.name} ({obj.key_id}) created",
+            "key": obj,
+            "secret": secret,
+            "opts": self.model._meta,
+        }
+        response = TemplateResponse(request, "admin/keys/clientkey/secret.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet) -> None:
