@@ -148,3 +148,18 @@ class TestAuth:
         record = decode(entries[0][1][b"r"], RequestRecord)
         assert (record.key_id, record.priority) == ("k1", "batch")
         assert SECRET.encode() not in entries[0][1][b"r"]
+
+
+class TestDemoTraffic:
+    async def test_the_traffic_generator_sends_its_key(self, aredis, redis_keys, redis_url, stubs):
+        from simulator.traffic import build_plan, run_plan
+
+        await setup(aredis, redis_keys, stubs, make_key(SECRET))
+        plan = build_plan(
+            "hot-prefix", ["us-east"], rate_rps=50, duration_s=0.2, max_requests=5, seed=1, max_tokens=2
+        )
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            with_key = await run_plan(plan, {"us-east": gateway.url}, model=MODEL, api_key=SECRET)
+            without = await run_plan(plan, {"us-east": gateway.url}, model=MODEL)
+        assert with_key and all(result.ok for result in with_key)
+        assert without and not any(result.ok for result in without)
