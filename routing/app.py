@@ -200,6 +200,7 @@ class Gateway:
                 queue_lengths=admission.lengths,
             )
         )
+        prober = NodeProber(breakers, session, lambda: store.table)
         proxy = Proxy(
             config,
             session,
@@ -212,6 +213,7 @@ class Gateway:
             front_door,
             breakers,
             admission if admission.enabled else None,
+            prober,
         )
         self.runtime = Runtime(
             redis,
@@ -224,7 +226,7 @@ class Gateway:
             proxy,
             front_door,
             limiter_redis,
-            NodeProber(breakers, session, lambda: store.table),
+            prober,
         )
         await store.start()
         if front_door is not None:

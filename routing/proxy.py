@@ -41,6 +41,7 @@ from routing.errors import GatewayError
 from routing.frontdoor import FrontDoor, Grant
 from routing.inflight import InFlight, Lease
 from routing.metrics import NO_NODE, GatewayMetrics
+from routing.node_probe import HungWatch, NodeProber
 from routing.policy_store import PolicyStore
 from routing.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
@@ -128,6 +129,7 @@ class Proxy:
         front_door: FrontDoor | None = None,
         breakers: Breakers | None = None,
         admission: Admission | None = None,
+        prober: NodeProber | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -147,6 +149,7 @@ class Proxy:
         self._breakers = breakers if breakers is not None else Breakers(open_s=config.node_down_cooldown_s)
         self._retry_budget = RetryBudget(config.retry_budget_ratio)
         self._admission = admission
+        self._prober = prober
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -344,11 +347,23 @@ class Proxy:
         config = self._config
         first_byte_s = config.upstream_first_byte_timeout_s if parsed.stream else None
         breakers = self._breakers
+        task = asyncio.current_task()
         while True:
             node = decision.node
             exchange.decision = decision
             exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             exchange.sent_s = time.perf_counter()
+            hung_watch = (
+                HungWatch(
+                    self._prober,
+                    task,
+                    node.id,
+                    table.base_urls[node.id],
+                    config.upstream_first_byte_timeout_s,
+                )
+                if first_byte_s is None and self._prober is not None and task is not None
+                else None
+            )
             try:
                 if first_byte_s is None:
                     response = await self._session.request(
@@ -359,6 +374,13 @@ class Proxy:
                         response = await self._session.request(
                             "POST", table.urls[(node.id, path)], data=body, headers=headers
                         )
+            except asyncio.CancelledError:
+                if hung_watch is None or not hung_watch.hung or exchange.client_gone:
+                    raise
+                assert task is not None
+                task.uncancel()  # ours: the node answers nothing, not even /health
+                kind, hard = "first_byte", True
+                self._metrics.timeout("first_byte")
             except aiohttp.ConnectionTimeoutError:
                 kind, hard = "connect", True
                 self._metrics.timeout("connect")
@@ -388,6 +410,9 @@ class Proxy:
                 else:
                     breakers.success(node.id)
                 return response
+            finally:
+                if hung_watch is not None:
+                    hung_watch.stop()
             breakers.failure(node.id, time.monotonic(), hard=hard)
             exchange.lease.release()
             exchange.lease = None

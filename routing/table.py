@@ -37,6 +37,7 @@ class RoutingTable:
     candidates: Mapping[str, tuple[NodeSpec, ...]]  # model -> eligible nodes, id order
     excluded: Mapping[str, Mapping[str, int]]  # model -> reason -> node count
     urls: Mapping[tuple[int, str], URL]  # (node id, path) -> upstream URL
+    base_urls: Mapping[int, str]  # node id -> server root (for the gateway's own probes)
     rtt_ms: Mapping[int, float]  # node id -> RTT from this region (measured ones only)
     live: Mapping[int, NodeLiveState]
     chars_per_token: float
@@ -96,6 +97,7 @@ def build_table(
         candidates=candidates,
         excluded=excluded,
         urls=urls,
+        base_urls={node.id: node_base_url(node.base_url) for node in snapshot.nodes},
         rtt_ms=dict(rtt_ms),
         live=dict(live),
         chars_per_token=getattr(params, "chars_per_token", DEFAULT_CHARS_PER_TOKEN),

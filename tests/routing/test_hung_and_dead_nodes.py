@@ -88,6 +88,22 @@ class TestHungNode:
         assert metric(gateway, 'gorgo_gateway_timeouts_total{kind="first_byte"}') == 1.0
         assert metric(gateway, 'gorgo_gateway_retries_total{reason="first_byte"}') == 1.0
 
+    def test_a_non_streaming_request_to_a_hung_node_is_taken_back_after_a_failed_health_probe(
+        self, redis_keys, redis_url, processes, two_nodes
+    ):
+        processes.processes["us-east-1"].popen.send_signal(signal.SIGSTOP)
+        gateway = start_gateway(processes, redis_url, redis_keys, env=FAST)
+        started = time.monotonic()
+        with httpx.Client(base_url=gateway, timeout=60) as client:
+            answers = [
+                client.post("/v1/chat/completions", json={**stream_body(4), "stream": False})
+                for _ in range(4)
+            ]
+        elapsed_s = time.monotonic() - started
+        assert [(a.status_code, a.headers["x-gorgo-node"]) for a in answers] == [(200, "us-east-2")] * 4
+        assert metric(gateway, 'gorgo_gateway_retries_total{reason="first_byte"}') == 1.0
+        assert elapsed_s < 15  # first-byte timeout 1 s + a 2 s health probe; before: up to 600 s
+
 
 class TestDeadNode:
     def test_a_dead_node_is_not_routed_to_again_when_its_live_state_goes_stale(
