@@ -48,3 +48,32 @@ class TestRetryBudget:
             budget.deposit()
             retries += budget.spend()
         assert 99 <= retries <= 102
+
+
+class TestBreakersInTheGateway:
+    async def test_a_fleet_of_failed_nodes_gets_503_with_retry_after_not_more_traffic(
+        self, aredis, redis_keys, redis_url
+    ):
+        from tests.conftest import free_port
+        from tests.routing.support import (
+            MODEL,
+            gateway_config,
+            make_node,
+            make_snapshot,
+            publish,
+            running_gateway,
+        )
+
+        dead = make_node(1, f"http://127.0.0.1:{free_port()}", name="dead")
+        await publish(aredis, redis_keys, make_snapshot((dead,)))
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+        config = gateway_config(redis_keys, redis_url, node_down_cooldown_s=30)
+        async with running_gateway(config) as gateway:
+            first = await gateway.http.post("/v1/chat/completions", json=body)
+            then = [await gateway.http.post("/v1/chat/completions", json=body) for _ in range(3)]
+            metrics = (await gateway.http.get("/metrics")).text
+        assert first.status_code == 502
+        assert {answer.status_code for answer in then} == {503}
+        assert int(then[0].headers["retry-after"]) > 1
+        assert 'gorgo_gateway_breaker_state{node="dead"} 2.0' in metrics
+        assert 'gorgo_gateway_upstream_errors_total{kind="connect",node="dead"} 1.0' in metrics
