@@ -30,6 +30,7 @@ handler500 = server_error
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.policies.api.urls")),
+    path("", include("controlplane.keys.api.urls")),
     path("telemetry/", include("telemetry.api.urls")),
 ]
 
