@@ -56,6 +56,8 @@ _SCHEDULED_GRACE_S = 30.0
 _NOTE_LIMIT = 500
 _NOTE_PREFIX = "fleet change: "
 _SCHEDULED = "fleet-republish-scheduled"
+# Descriptions kept for the next note; a note shows a few and counts the rest.
+_PENDING_LIMIT = 1000
 
 
 def schedule_fleet_republish(reason: str) -> None:
@@ -74,7 +76,10 @@ def schedule_fleet_republish(reason: str) -> None:
         return
     client, keys = redis_client(), redis_keys()
     try:
-        client.rpush(keys.fleet_changes, reason[:200])
+        pipe = client.pipeline(transaction=True)
+        pipe.rpush(keys.fleet_changes, reason[:200])
+        pipe.ltrim(keys.fleet_changes, -_PENDING_LIMIT, -1)  # bounded even with no worker running
+        pipe.execute()
         scheduled = client.set(
             keys.lock(_SCHEDULED), "1", nx=True, px=int((delay_s + _SCHEDULED_GRACE_S) * 1000)
         )
