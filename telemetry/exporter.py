@@ -127,7 +127,7 @@ def _node_families(nodes: dict[int, tuple[str, str, str]], live: dict) -> Iterat
     )
     scraped = GaugeMetricFamily(
         "gorgo_telemetry_last_scrape_timestamp_seconds",
-        "When the node's /metrics was last scraped (unix seconds).",
+        "When the node's /metrics was last scraped successfully (unix seconds).",
         labels=["node", "region"],
     )
     for node_id, (name, region, state) in nodes.items():
