@@ -52,7 +52,7 @@ class ControlPlaneCollector(Collector):
         try:
             live = read_live_nodes(client, keys)
             rtt = read_rtt_table(client, keys)
-            stream = _request_stream_group(client, keys.request_stream, keys.request_group)
+            stream = _request_stream_backlog(client, keys.request_stream, keys.request_group)
         except redis.RedisError as exc:
             log.warning("metrics: Redis unreadable: %s", exc)
             redis_up, live, rtt, stream = 0, {}, None, None
@@ -62,15 +62,16 @@ class ControlPlaneCollector(Collector):
         yield from _node_families(nodes, live)
         yield from _rtt_families(nodes, rtt)
         if stream is not None:
+            lag, pending = stream
             yield GaugeMetricFamily(
                 "gorgo_telemetry_request_stream_lag",
                 "Request records the gateways wrote that aggregation has not read yet.",
-                value=stream.get("lag") or 0,
+                value=lag,
             )
             yield GaugeMetricFamily(
                 "gorgo_telemetry_request_stream_pending",
                 "Request records read by aggregation and not yet acknowledged.",
-                value=stream.get("pending") or 0,
+                value=pending,
             )
 
     def _policies(self) -> Iterator[Metric]:
@@ -102,16 +103,19 @@ class ControlPlaneCollector(Collector):
         yield publishes
 
 
-def _request_stream_group(client: redis.Redis, stream: str, group: str) -> dict | None:
+def _request_stream_backlog(client: redis.Redis, stream: str, group: str) -> tuple[int, int]:
+    """(records not read yet, records read and not acknowledged) by the aggregation's group."""
     try:
         groups = client.xinfo_groups(stream)
     except redis.ResponseError:
-        return None  # no stream yet: no gateway has logged a request
+        return 0, 0  # no stream yet: no gateway has logged a request
     for info in groups:
         name = info.get("name")
         if (name.decode() if isinstance(name, bytes) else name) == group:
-            return info
-    return None
+            # Redis answers lag nil when it cannot tell (entries deleted mid-range): count it as 0
+            # rather than invent a number; pending is always known.
+            return int(info.get("lag") or 0), int(info.get("pending") or 0)
+    return int(client.xlen(stream)), 0  # aggregation never ran: every record waits
 
 
 def _node_families(nodes: dict[int, tuple[str, str, str]], live: dict) -> Iterator[Metric]:

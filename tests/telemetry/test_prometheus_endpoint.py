@@ -88,3 +88,15 @@ def test_it_still_answers_when_redis_is_unreachable(tel, settings) -> None:
 
     assert response.status_code == 200
     assert samples(response.content.decode())[("gorgo_controlplane_redis_up", ())] == 0
+
+
+def test_it_counts_every_record_as_waiting_before_aggregation_first_runs(tel) -> None:
+    before = samples(Client(REMOTE_ADDR="127.0.0.1").get("/metrics").content.decode())
+    for index in range(3):
+        tel.client.xadd(tel.keys.request_stream, {"r": str(index)})
+
+    after = samples(Client(REMOTE_ADDR="127.0.0.1").get("/metrics").content.decode())
+
+    assert before[("gorgo_telemetry_request_stream_lag", ())] == 0  # no stream at all yet
+    assert after[("gorgo_telemetry_request_stream_lag", ())] == 3
+    assert after[("gorgo_telemetry_request_stream_pending", ())] == 0
