@@ -11,6 +11,7 @@ module-level singleton, so tests can run several gateways in one process.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ from routing.requestlog import RequestLog
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tracing import GatewayTracing, tracing_from_env
 
 logger = logging.getLogger("routing.app")
 
@@ -56,6 +58,7 @@ class Runtime:
     inflight: InFlight
     metrics: GatewayMetrics
     proxy: Proxy
+    tracing: GatewayTracing | None = None
 
 
 class Gateway:
@@ -67,12 +70,14 @@ class Gateway:
         *,
         registry: Mapping[str, AlgorithmInfo] = REGISTRY,
         prefix_index: ApproxPrefixIndex | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -161,8 +166,9 @@ class Gateway:
                 chars_per_token=lambda: ratio.value,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio)
-        self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
+        tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
+        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio, tracing)
+        self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy, tracing)
         await store.start()
         request_log.start()
         await sharing.start()
@@ -190,6 +196,8 @@ class Gateway:
         await runtime.request_log.close()
         await runtime.session.close()
         await runtime.redis.aclose()
+        if runtime.tracing is not None:
+            await run_bounded(asyncio.to_thread(runtime.tracing.shutdown), 5.0, "gorgo-tracing-flush")
 
     # ---- HTTP --------------------------------------------------------------------------------
 
