@@ -5,7 +5,10 @@
 Targets (each a real process on 127.0.0.1, all sending to the same mock backend):
 - ``direct``: the mock itself (the baseline every "added" figure is relative to);
 - ``gorgo``: ``python -m routing`` with a real policy snapshot published to Redis (4 nodes,
-  ``least_load`` unless ``--algorithm``) and the request log on;
+  ``least_load`` unless ``--algorithm``) and the request log on; OpenTelemetry tracing off (the
+  default: no ``OTEL_EXPORTER_OTLP_ENDPOINT``);
+- ``gorgo+tracing``: the same with tracing on, every request sampled, spans exported over OTLP/HTTP
+  to a second mock process standing in for the collector (it answers 200 to every POST);
 - ``vllm-router``: the Rust vLLM router (``pip install vllm-router``), when installed;
 - ``asgi+aiohttp`` / ``asgi+httpx``: the smallest possible raw-ASGI proxy on the same uvicorn
   (uvloop, httptools) with each upstream client: the measurement behind the gateway's choice.
@@ -422,21 +425,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mock = _start("direct", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
     upstream = f"http://127.0.0.1:{mock.port}"
 
-    def gorgo(algorithm: str) -> Target:
+    helpers: list[Target] = []
+
+    def gorgo(algorithm: str, tracing: bool = False) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
         _publish_policy(redis_url, prefix, upstream, algorithm)
+        env = {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "GORGO_LOG_LEVEL": "info"}
+        env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""})
+        if tracing:
+            sink = _start("otlp-sink", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
+            helpers.append(sink)
+            env.update(
+                {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
+                    "OTEL_SERVICE_NAME": "gorgo-bench",
+                    "OTEL_TRACES_SAMPLER": "always_on",
+                }
+            )
         target = _start(
-            f"gorgo-{algorithm}",
+            f"gorgo-{algorithm}{'-tracing' if tracing else ''}",
             [python, "-m", "routing", "--port", "0", "--region", "bench"],
             workdir,
-            {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "GORGO_LOG_LEVEL": "info"},
+            env,
             port_pattern=uvicorn_port,
         )
-        target.note = f"policy {algorithm}, 4 nodes, 1 process, request log on"
+        target.note = (
+            f"policy {algorithm}, 4 nodes, 1 process, request log on, tracing {'on' if tracing else 'off'}"
+        )
         return target
 
-    plan: list[tuple[str, Any]] = [("direct", lambda: mock), ("gorgo", lambda: gorgo(args.algorithm))]
+    plan: list[tuple[str, Any]] = [
+        ("direct", lambda: mock),
+        ("gorgo", lambda: gorgo(args.algorithm)),
+        ("gorgo+tracing", lambda: gorgo(args.algorithm, tracing=True)),
+    ]
     for algorithm in args.also_algorithms:
         plan.append((f"gorgo[{algorithm}]", lambda algorithm=algorithm: gorgo(algorithm)))
     router = _vllm_router()
@@ -486,6 +509,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     target.stop()
     finally:
         mock.stop()
+        for helper in helpers:
+            helper.stop()
     if any("error" in figures for figures in results.values()):
         print(f"  process logs kept in {workdir}", flush=True)
     else:
@@ -547,6 +572,9 @@ def _markdown(report: dict[str, Any]) -> str:
         f"**{'met' if budget['met'] else 'NOT met'}** {budget['checks']}.",
         "",
         f"gorgo ran with {report['gorgo_setup']}; the request stream received {report['request_log_records']:,} records.",
+        "gorgo+tracing is the same gateway with OpenTelemetry tracing on (every request sampled, a span "
+        "per request exported over OTLP/HTTP to a local sink); gorgo itself runs with tracing off, "
+        "where the request path only tests that the tracer is None and imports nothing of OpenTelemetry.",
     ]
     swap = report.get("policy_swap_ms")
     if swap:
