@@ -4,8 +4,6 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from telemetry.exporter import metrics_view
-
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.policies.api.urls")),
@@ -17,7 +15,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("metrics", metrics_view, name="metrics"),
+    path("", include("telemetry.urls")),  # /metrics for Prometheus
     # Last: the dashboard owns "/" and the pages under it.
     path("", include("controlplane.dashboard.urls")),
 ]
