@@ -77,7 +77,7 @@ def test_it_wants_the_bearer_token_when_one_is_set(tel, settings) -> None:
 
 
 def test_it_still_answers_when_redis_is_unreachable(tel, settings) -> None:
-    from controlplane.policies.publishing import redis_client
+    from controlplane.connections import redis_client
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     redis_client.cache_clear()
