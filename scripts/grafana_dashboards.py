@@ -303,16 +303,20 @@ GATEWAY = Dashboard(
                     (q(f"sum by (priority) (gorgo_gateway_queue_length{{{GW}}})", "{{priority}}"),),
                 ),
                 Panel(
-                    "Queue wait (p50, p99) and rejections",
+                    "Queue wait (p50, p99)",
+                    quantiles("gorgo_gateway_queue_wait_seconds", "priority", GW, "{{priority}}"),
+                    unit="s",
+                ),
+                Panel(
+                    "Queue rejections per second",
                     (
-                        *quantiles("gorgo_gateway_queue_wait_seconds", "priority", GW, "wait {{priority}}"),
                         q(
                             "sum by (priority, reason) "
                             f"(rate(gorgo_gateway_queue_rejected_total{{{GW}}}[{RATE}]))",
-                            "rejected/s {{priority}} {{reason}}",
+                            "{{priority}} {{reason}}",
                         ),
                     ),
-                    unit="s",
+                    unit="reqps",
                 ),
                 Panel(
                     "Circuit breaker state by gateway and node",

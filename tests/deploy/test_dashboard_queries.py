@@ -4,6 +4,7 @@ emulated vLLM node and a real control plane."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -86,6 +87,37 @@ def test_it_has_three_dashboards_with_queries() -> None:
     for file_name, _title, _expr in dashboard_queries():
         per_file[file_name] = per_file.get(file_name, 0) + 1
     assert all(count >= 5 for count in per_file.values()), per_file
+
+
+def test_it_lays_out_panels_that_grafana_can_place() -> None:
+    for path in DASHBOARD_FILES:
+        dashboard = json.loads(path.read_text())
+        ids = [panel["id"] for panel in dashboard["panels"]]
+        cells: set[tuple[int, int]] = set()
+        for panel in dashboard["panels"]:
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24, (path.name, panel["title"])
+            area = {
+                (x, y)
+                for x in range(grid["x"], grid["x"] + grid["w"])
+                for y in range(grid["y"], grid["y"] + grid["h"])
+            }
+            assert not area & cells, f"{path.name}: {panel['title']} overlaps another panel"
+            cells |= area
+            if panel["type"] != "row":
+                assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+                assert [target["refId"] for target in panel["targets"]] == [
+                    chr(65 + i) for i in range(len(panel["targets"]))
+                ]
+        assert len(ids) == len(set(ids)), path.name
+        assert dashboard["uid"].startswith("gorgo-") and dashboard["schemaVersion"] >= 36
+        assert dashboard["templating"]["list"][0] == {
+            "name": "datasource",
+            "label": "Prometheus",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+        }
 
 
 def test_it_parses_every_query_and_rule() -> None:
