@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from tests.deploy.stack import send_traffic, start_stack
 from tests.deploy.support import (
     DASHBOARD_FILES,
     ROOT,
@@ -20,9 +21,6 @@ from tests.deploy.support import (
     metric_names,
     rules,
 )
-from tests.e2e.test_control_plane_to_gateway import register_fleet
-from tests.routing.support import MODEL
-from tests.routing.test_e2e_gateway import client_for, start_fleet, start_gateway
 
 # Series Prometheus makes itself for every target.
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -161,21 +159,13 @@ def test_it_keeps_the_dashboard_files_generated() -> None:
 def test_it_uses_only_metric_names_a_live_gateway_node_and_control_plane_export(
     control_plane, processes, redis_url, redis_keys
 ) -> None:
-    urls = start_fleet(processes, names=("us-east-1",))
-    with control_plane.api() as api:
-        register_fleet(api, urls)
-        policy = api.post("/policies/", json={"name": "default", "algorithm": "round_robin"})
-        assert policy.status_code == 201, policy.text
-        published = api.post(f"/policies/{policy.json()['id']}/publish/", json={"note": "first"})
-        assert published.status_code == 201, published.text
-    gateway = start_gateway(processes, redis_url, redis_keys)
-    client = client_for(gateway)
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    list(client.completions.create(model=MODEL, prompt="stream", max_tokens=4, stream=True))
+    stack = start_stack(control_plane, processes, redis_url, redis_keys)
+    send_traffic(stack, requests=1)
+    gateway = stack.gateway_url
 
     gateway_body = httpx.get(f"{gateway}/metrics", timeout=10).text
-    node_body = httpx.get(f"{urls['us-east-1']}/metrics", timeout=10).text
-    control_body = httpx.get(f"{control_plane.url}/metrics", timeout=10).text
+    node_body = httpx.get(f"{stack.node_url}/metrics", timeout=10).text
+    control_body = httpx.get(f"{stack.control_plane_url}/metrics", timeout=10).text
     gateway_names = exported_names(gateway_body)
     exported = gateway_names | exported_names(node_body) | exported_names(control_body)
     pending = set().union(*(series_names(name, kind) for name, kind in EXPECTED_FROM_FRONT_DOOR.items()))
