@@ -44,6 +44,8 @@ from typing import Any
 
 from overhead_servers import MODEL  # this directory is on sys.path when run as a script
 
+from simulator.harness import free_port, stop_process_group, wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SERVERS = str(ROOT / "benchmarks" / "overhead_servers.py")
@@ -224,19 +226,7 @@ class Target:
     note: str = ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        stop_process_group(self.process)
 
 
 def _start(
@@ -259,23 +249,33 @@ def _start(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{log_path.read_text(errors='replace')[-3000:]}")
+
+    def listening_port() -> int | None:
+        found = port
         if port_pattern:
             match = re.search(port_pattern, log_path.read_text(errors="replace"))
-            if match:
-                port = int(match.group(1))
-        if port:
+            found = int(match.group(1)) if match else None
+        if found:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return Target(name, process, port, log_path)
+                with socket.create_connection(("127.0.0.1", found), timeout=0.5):
+                    return found
             except OSError:
                 pass
-        time.sleep(0.1)
-    os.killpg(process.pid, signal.SIGKILL)
-    raise RuntimeError(f"{name} did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+        return None
+
+    try:
+        ready_port = wait_until(
+            listening_port,
+            timeout_s,
+            what=f"{name} listening",
+            interval_s=0.1,
+            process=process,
+            describe=lambda: log_path.read_text(errors="replace")[-3000:],
+        )
+    except (RuntimeError, TimeoutError):
+        stop_process_group(process, signal.SIGKILL)
+        raise
+    return Target(name, process, ready_port, log_path)
 
 
 def _publish_policy(redis_url: str, prefix: str, upstream: str, algorithm: str, version: int = 1) -> None:
@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
         _publish_policy(redis_url, prefix, upstream, algorithm)
-        env = {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "GORGO_LOG_LEVEL": "info"}
+        env = {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info"}
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""})
         if tracing:
             sink = _start("otlp-sink", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
@@ -464,7 +464,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan.append((f"gorgo[{algorithm}]", lambda algorithm=algorithm: gorgo(algorithm)))
     router = _vllm_router()
     if router and not args.skip_peers:
-        port = _free_port()
+        port = free_port()
         argv = [router, "--worker-urls", upstream, "--policy", "round_robin", "--host", "127.0.0.1"]
         argv += ["--port", str(port), "--log-level", "warning"]
         plan.append(

@@ -23,7 +23,7 @@ _FLAGS = {
     "redis_url": "REDIS_URL",
     "redis_prefix": "GORGO_REDIS_PREFIX",
     "gateway_id": "GORGO_GATEWAY_ID",
-    "log_level": "GORGO_LOG_LEVEL",
+    "log_level": "LOG_LEVEL",
 }
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", help="Redis URL (REDIS_URL)")
     parser.add_argument("--redis-prefix", help="Redis key prefix (GORGO_REDIS_PREFIX, default gorgo)")
     parser.add_argument("--gateway-id", help="id in request records (GORGO_GATEWAY_ID)")
-    parser.add_argument("--log-level", help="debug|info|warning|error (GORGO_LOG_LEVEL)")
+    parser.add_argument("--log-level", help="debug|info|warning|error|critical (LOG_LEVEL)")
     args = parser.parse_args(argv)
     for attribute, variable in _FLAGS.items():
         value = getattr(args, attribute)

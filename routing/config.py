@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 from urllib.parse import urlsplit, urlunsplit
 
-LogLevel = Literal["debug", "info", "warning", "error"]
+# LOG_LEVEL is the one log-level variable of every gorgo process (control plane, workers, gateway).
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 
@@ -91,7 +92,7 @@ class GatewayConfig:
             host=reader.text("GORGO_GATEWAY_HOST", "127.0.0.1"),
             port=reader.integer("GORGO_GATEWAY_PORT", 8100, minimum=0, maximum=65535),
             workers=workers,
-            log_level=reader.choice("GORGO_LOG_LEVEL", "info", LOG_LEVELS),
+            log_level=reader.choice("LOG_LEVEL", "info", LOG_LEVELS),
             max_body_bytes=reader.integer("GORGO_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024),
             request_log_maxlen=reader.integer("GORGO_REQUEST_LOG_MAXLEN", 100_000, minimum=1),
             request_log_pending_max=reader.integer("GORGO_REQUEST_LOG_PENDING_MAX", 10_000, minimum=1),

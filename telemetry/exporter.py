@@ -16,7 +16,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node
 from controlplane.metrics import exports_metrics
-from telemetry.live import read_live_nodes, read_rtt_table
+from telemetry.live import read_live_state
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +28,19 @@ def telemetry_metrics() -> Iterator[Metric]:
         for node in Node.objects.select_related("region").order_by("pk")
     }
     client, keys = redis_client(), redis_keys()
-    redis_up = 1
-    try:
-        live = read_live_nodes(client, keys)
-        rtt = read_rtt_table(client, keys)
-        stream = _request_stream_backlog(client, keys.request_stream, keys.request_group)
-    except redis.RedisError as exc:
-        log.warning("metrics: Redis unreadable: %s", exc)
-        redis_up, live, rtt, stream = 0, {}, None, None
+    live = read_live_state(client, keys)
+    redis_up, stream = 0, None
+    if not live.error:
+        try:
+            stream = _request_stream_backlog(client, keys.request_stream, keys.request_group)
+            redis_up = 1
+        except redis.RedisError as exc:
+            log.warning("metrics: request stream unreadable: %s", exc)
     yield GaugeMetricFamily(
         "gorgo_controlplane_redis_up", "1 when the control plane could read Redis.", value=redis_up
     )
-    yield from _node_families(nodes, live)
-    yield from _rtt_families(nodes, rtt)
+    yield from _node_families(nodes, live.nodes)
+    yield from _rtt_families(nodes, live.rtt)
     if stream is not None:
         lag, pending = stream
         yield GaugeMetricFamily(

@@ -6,14 +6,13 @@ error, and the queries over what this stack produces must return series with the
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from simulator.harness import free_port, wait_until
 from tests.deploy.stack import NODE, REGION, send_traffic, start_stack
 from tests.deploy.support import PROMETHEUS_DIR, dashboard_queries, rules
 from tests.deploy.test_dashboard_queries import EXPECTED_FROM_FRONT_DOOR
@@ -86,16 +85,22 @@ def test_it_evaluates_every_dashboard_query_and_rule_on_a_real_prometheus(
         ],
         ready_url=f"{base}/-/ready",
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # traffic across several scrapes, so rate() has two points
-        send_traffic(stack, requests=1)
-        up = query(base, "up == 1")
-        scraped = query(base, "count_over_time(gorgo_gateway_requests_total[1m]) > 3")
-        if len(up) == 3 and scraped and query(base, "gorgo:gateway_ttft_slo_errors:ratio_rate5m"):
-            break
-        time.sleep(SCRAPE_S)
-    else:
-        pytest.fail(f"Prometheus did not scrape all three targets: {query(base, 'up')}\n{processes.logs()}")
+
+    def scraped_and_evaluated() -> bool:
+        send_traffic(stack, requests=1)  # traffic across several scrapes, so rate() has two points
+        return (
+            len(query(base, "up == 1")) == 3
+            and bool(query(base, "count_over_time(gorgo_gateway_requests_total[1m]) > 3"))
+            and bool(query(base, "gorgo:gateway_ttft_slo_errors:ratio_rate5m"))
+        )
+
+    wait_until(
+        scraped_and_evaluated,
+        60,
+        what="Prometheus scraping all three targets and evaluating the rules",
+        interval_s=SCRAPE_S,
+        describe=lambda: f"{query(base, 'up')}\n{processes.logs()}",
+    )
 
     # Every rule loaded and evaluates without error.
     groups = httpx.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]

@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -22,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from routing.contract import GorgoParams
 from routing.tracing import GatewayTracing, tracing_enabled
 from simulator.fleet import Fleet
+from simulator.harness import wait_until
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 from tests.routing.test_e2e_gateway import publish_policy, start_fleet
 from tests.simulator.conftest import small_topology
@@ -212,11 +212,8 @@ def test_it_exports_to_the_otlp_endpoint_of_the_environment(
         timeout=30,
     )
     assert response.status_code == 200
-    deadline = time.monotonic() + 15
-    while not collector.received and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: collector.received, 15, what="an OTLP trace export", describe=process.log)
 
-    assert collector.received, process.log()
     export = ExportTraceServiceRequest.FromString(collector.received[0])
     resource_spans = export.resource_spans[0]
     resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
