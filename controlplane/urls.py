@@ -9,6 +9,7 @@ from controlplane.metrics import metrics_view
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.policies.api.urls")),
+    path("", include("controlplane.keys.api.urls")),
     path("telemetry/", include("telemetry.api.urls")),
 ]
 

@@ -23,7 +23,7 @@ from routing.tracing import GatewayTracing, tracing_enabled
 from simulator.fleet import Fleet
 from simulator.harness import wait_until
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
-from tests.routing.test_e2e_gateway import publish_policy, start_fleet
+from tests.routing.test_e2e_gateway import publish_policy, start_fleet, start_gateway
 from tests.simulator.conftest import small_topology
 
 INCOMING_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -193,26 +193,23 @@ def test_it_exports_to_the_otlp_endpoint_of_the_environment(
 
     urls = start_fleet(processes, ("us-east-1",))
     publish_policy(redis_url, redis_keys, urls, version=1)
-    process = processes.start(
-        "gateway",
-        [sys.executable, "-m", "routing", "--region", "us-east", "--port", "0"],
+    gateway = start_gateway(
+        processes,
+        redis_url,
+        redis_keys,
         env={
-            "REDIS_URL": redis_url,
-            "GORGO_REDIS_PREFIX": redis_keys.prefix,
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
             "OTEL_SERVICE_NAME": "gateway-under-test",
             "OTEL_BSP_SCHEDULE_DELAY": "50",
         },
-        ready_text="Uvicorn running on",
     )
-    port = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", process.log()).group(1)
     response = httpx.post(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"{gateway}/v1/chat/completions",
         json={"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3},
         timeout=30,
     )
     assert response.status_code == 200
-    wait_until(lambda: collector.received, 15, what="an OTLP trace export", describe=process.log)
+    wait_until(lambda: collector.received, 15, what="an OTLP trace export", describe=processes.logs)
 
     export = ExportTraceServiceRequest.FromString(collector.received[0])
     resource_spans = export.resource_spans[0]
