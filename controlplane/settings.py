@@ -286,6 +286,8 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "tele
 # Fleet changes within this many seconds are republished together, as one version that lists
 # them (a Celery task); 0 republishes each change at once, in the process that made it.
 GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
+# Bearer token Prometheus sends to the control plane's /metrics; empty: loopback clients only.
+GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.

@@ -7,6 +7,8 @@ from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from controlplane.metrics import metrics_view
+
 
 @csrf_exempt  # a 404 for any method: no form to protect, and a CSRF 403 page would hide the 404
 def api_not_found(request: HttpRequest) -> JsonResponse:
@@ -39,6 +41,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", metrics_view, name="metrics"),
     # Any other /api/ URL: a JSON 404, like the API's own (an HTML page would surprise a client).
     re_path(r"^api/", api_not_found),
     # Last: the dashboard owns "/" and the pages under it.

@@ -11,4 +11,8 @@ class TelemetryConfig(AppConfig):
     verbose_name = "Telemetry"
 
     def ready(self) -> None:
-        from telemetry import signals  # noqa: F401  (connects the receivers)
+        # Node health, the RTT matrix and task lag on the control plane's /metrics.
+        from telemetry import (
+            exporter,  # noqa: F401
+            signals,  # noqa: F401  (connects the receivers)
+        )
