@@ -11,6 +11,7 @@ module-level singleton, so tests can run several gateways in one process.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
 from routing.inflight import InFlight
+from routing.kv_events import EventSource, KVEvents, KVEventsCollector
+from routing.kv_index import KVAwareIndex
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.policy_store import PolicyStore, make_redis
 from routing.prefix_index import ApproxPrefixIndex
@@ -37,6 +40,7 @@ from routing.requestlog import RequestLog
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import Tokenizers
 
 logger = logging.getLogger("routing.app")
 
@@ -71,6 +75,11 @@ class Gateway:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
+        # Nodes that publish KV events are matched on them, the others on the approximate index.
+        self.kv_events = KVEvents()
+        self.tokenizers = Tokenizers()
+        self.index = KVAwareIndex(self.prefix_index, self.kv_events)
+        self._background: set[asyncio.Task[None]] = set()
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self.runtime: Runtime | None = None
@@ -119,7 +128,7 @@ class Gateway:
             auto_decompress=False,  # bytes pass through as the node encoded them
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        index = self.prefix_index
+        index = self.index
         ratio = self.chars_per_token
         store = PolicyStore(
             redis,
@@ -128,7 +137,7 @@ class Gateway:
             self.registry,
             live_refresh_interval_s=config.live_refresh_interval_s,
             live_stale_s=config.live_stale_s,
-            on_snapshot=lambda table: _resize_index(index, table, ratio),
+            on_snapshot=lambda table: self._on_snapshot(table),
         )
         request_log = RequestLog(
             redis,
@@ -143,11 +152,20 @@ class Gateway:
             keys,
             gateway_id=config.gateway_id,
             region=config.region,
-            index=index,
+            index=self.prefix_index,
             load_source=lambda: (inflight.outstanding_requests(), inflight.outstanding_prefill_tokens()),
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
+        metrics.add_state_collector(
+            KVEventsCollector(
+                self.kv_events,
+                node_names=lambda: (
+                    {node.id: node.name for node in store.table.snapshot.nodes} if store.table else {}
+                ),
+                cached_tokens=self.index.cached_token_totals,
+            )
+        )
         metrics.add_state_collector(
             StateCollector(
                 inflight,
@@ -161,7 +179,7 @@ class Gateway:
                 chars_per_token=lambda: ratio.value,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio)
+        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio, self.tokenizers)
         self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
         await store.start()
         request_log.start()
@@ -187,9 +205,35 @@ class Gateway:
             return
         await runtime.store.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
+        await run_bounded(self.kv_events.close(), 3.0, "gorgo-kv-events-stop")
+        self.tokenizers.close()
         await runtime.request_log.close()
         await runtime.session.close()
         await runtime.redis.aclose()
+
+    def _on_snapshot(self, table: RoutingTable) -> None:
+        """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
+        _resize_index(self.index, table, self.chars_per_token)
+        snapshot = table.snapshot
+        self.tokenizers.sync(
+            {
+                model.name: (model.tokenizer.tokenizer_path, model.tokenizer.chat_template_path)
+                for model in snapshot.models
+                if model.tokenizer is not None
+            }
+        )
+        sources = {
+            node.id: EventSource(
+                node.kv_events.endpoint, node.kv_events.replay_endpoint, node.kv_events.topic
+            )
+            for node in snapshot.nodes
+            if node.kv_events is not None
+        }
+        task = asyncio.get_running_loop().create_task(
+            self.kv_events.sync(sources), name="gorgo-kv-events-sync"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # ---- HTTP --------------------------------------------------------------------------------
 

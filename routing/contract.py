@@ -173,12 +173,28 @@ class RegionSpec(msgspec.Struct, frozen=True):
     longitude: float
 
 
+class TokenizerSpec(msgspec.Struct, frozen=True):
+    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.tokenization)."""
+
+    tokenizer_path: str  # a Hugging Face tokenizer.json
+    chat_template_path: str | None = None  # a Jinja chat template (Hugging Face format)
+
+
 class ModelSpec(msgspec.Struct, frozen=True):
     """A served model, by the name clients put in ``model``."""
 
     name: str
     kv_block_size: int
     max_context_tokens: int
+    tokenizer: TokenizerSpec | None = None  # None: the model is routed on the approximate index
+
+
+class KVEventsSpec(msgspec.Struct, frozen=True):
+    """Where a node publishes vLLM's KV-cache events (its ``--kv-events-config``), as gateways reach it."""
+
+    endpoint: str  # tcp://host:port of the ZMQ PUB socket (data-parallel rank 0)
+    replay_endpoint: str | None = None  # tcp://host:port of the ROUTER replay socket
+    topic: str = ""
 
 
 class NodeSpec(msgspec.Struct, frozen=True):
@@ -196,6 +212,7 @@ class NodeSpec(msgspec.Struct, frozen=True):
     kv_capacity_tokens: int
     state: NodeState
     labels: dict[str, str] = {}
+    kv_events: KVEventsSpec | None = None  # None: no events; the approximate index serves the node
 
 
 class ResidencyRule(msgspec.Struct, frozen=True):

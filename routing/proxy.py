@@ -50,6 +50,7 @@ from routing.prompt import (
 from routing.requestlog import RequestLog
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import PromptIds, Tokenizers
 from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
 
 logger = logging.getLogger("routing.proxy")
@@ -71,6 +72,7 @@ class _Exchange:
         "finished",
         "lease",
         "parsed",
+        "prediction",
         "prompt_tokens_est",
         "request_id",
         "response_started",
@@ -91,6 +93,7 @@ class _Exchange:
         self.request_id = ""
         self.parsed: ParsedRequest | None = None
         self.prompt_tokens_est = 0
+        self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
         self.decision: Decision | None = None
         self.lease: Lease | None = None
         self.routing_s = 0.0
@@ -119,6 +122,7 @@ class Proxy:
         metrics: GatewayMetrics,
         prefix_index: PrefixIndex,
         chars_per_token: CharsPerToken | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -127,6 +131,7 @@ class Proxy:
         self._request_log = request_log
         self._metrics = metrics
         self._prefix_index = prefix_index
+        self._tokenizers = tokenizers
         self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self._region = config.region
         self._gateway_id = config.gateway_id
@@ -200,15 +205,20 @@ class Proxy:
         candidates: tuple[NodeSpec, ...],
         request: RoutingRequest,
         prompt_text: str,
+        prompt_ids: PromptIds | None = None,
     ) -> Decision:
         algorithm = table.algorithm
         # The index is only fed and asked while the policy uses it: a least_load gateway pays
         # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
         # and from the other gateways' shared insertions).
         uses_index = algorithm.needs_prefix_matches
-        matched = (
-            self._prefix_index.match(tuple(node.id for node in candidates), prompt_text) if uses_index else {}
-        )
+        node_ids = tuple(node.id for node in candidates)
+        if not uses_index:
+            matched: dict[int, int] = {}
+        elif prompt_ids is not None:
+            matched = self._prefix_index.match(node_ids, prompt_text, prompt_ids.ids)
+        else:
+            matched = self._prefix_index.match(node_ids, prompt_text)
         self._sequence += 1
         view = RoutingView(
             table.region,
@@ -225,6 +235,11 @@ class Proxy:
         if uses_index:
             self._prefix_index.insert(decision.node.id, prompt_text)
         return decision
+
+    def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
+        """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
+        wants = getattr(self._prefix_index, "wants_prompt_ids", None)
+        return wants is not None and wants(candidates)
 
     def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
         candidates = table.candidates.get(model)
@@ -259,19 +274,31 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         candidates = self._candidates(table, parsed.model)
-        prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+        routing_start_s = time.perf_counter()
+        # The prompt's token ids, when the model has a tokenizer and the policy uses the index
+        # (precise matching on KV events); their count is exact, unlike the estimate.
+        prompt_ids = (
+            self._tokenizers.prompt_ids(parsed.model, endpoint, body)
+            if self._tokenizers is not None
+            and table.algorithm.needs_prefix_matches
+            and self._wants_prompt_ids(candidates)
+            else None
+        )
+        if prompt_ids is not None and prompt_ids.complete:
+            prompt_tokens_est = len(prompt_ids.ids)
+        else:
+            prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
         exchange.prompt_tokens_est = prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
-        routing_start_s = time.perf_counter()
-        decision = self._route(table, candidates, request, parsed.prompt_text)
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
 
         response = await self._open(
-            exchange, table, candidates, decision, request, parsed, path, headers, body
+            exchange, table, candidates, decision, request, parsed, path, headers, body, prompt_ids
         )
         try:
             await self._relay(send, exchange, table, response)
@@ -289,12 +316,14 @@ class Proxy:
         path: str,
         headers: list[tuple[str, str]],
         body: bytes,
+        prompt_ids: PromptIds | None = None,
     ) -> aiohttp.ClientResponse:
         """Send the request to the chosen node; on a connection failure, once more to another."""
         tried: list[NodeSpec] = []
         while True:
             node = decision.node
             exchange.decision = decision
+            exchange.prediction = getattr(self._prefix_index, "last_prediction", None)
             exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             exchange.sent_s = time.perf_counter()
             try:
@@ -331,7 +360,7 @@ class Proxy:
                 )
             logger.warning("node %s unreachable (%s); retrying once", node.name, kind)
             if remaining:
-                decision = self._route(table, remaining, request, parsed.prompt_text)
+                decision = self._route(table, remaining, request, parsed.prompt_text, prompt_ids)
             # else: a keep-alive connection the node closed just as we reused it says nothing
             # about the node; the only candidate gets one more try on a fresh connection.
 
@@ -468,6 +497,17 @@ class Proxy:
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
+            prediction = exchange.prediction
+            if (
+                prediction is not None
+                and details is not None
+                and details.cached_tokens is not None
+                and node is not None
+                and prediction[0] == node.id
+            ):
+                record = getattr(self._prefix_index, "record_outcome", None)
+                if record is not None:
+                    record(node.id, prediction[1], prediction[2], details.cached_tokens)
             if (
                 usage is not None
                 and usage.prompt_tokens

@@ -173,23 +173,8 @@ def describe(fleet: Fleet) -> dict[str, Any]:
 
 def format_table(fleet: Fleet) -> str:
     regions = [region.slug for region in fleet.topology.regions] if fleet.region_ports else []
-    events = any(n.kv_events_endpoint for n in fleet.nodes.values())
-    rows = [
-        (
-            "node",
-            "region",
-            "url",
-            *(f"as {region}" for region in regions),
-            *(("kv events",) if events else ()),
-        )
-    ] + [
-        (
-            n.name,
-            n.region,
-            n.url,
-            *(n.region_urls.get(region, "") for region in regions),
-            *((n.kv_events_endpoint or "",) if events else ()),
-        )
+    rows = [("node", "region", "url", *(f"as {region}" for region in regions))] + [
+        (n.name, n.region, n.url, *(n.region_urls.get(region, "") for region in regions))
         for n in fleet.nodes.values()
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
