@@ -12,7 +12,7 @@ from simulator.__main__ import READY_LINE
 from tests.conftest import ROOT, ProcessGroup
 from tests.simulator.conftest import MODEL
 
-URL_RE = re.compile(r"^(\S+)\s+(\S+)\s+(http://127\.0\.0\.1:\d+)(?:\s+tcp://\S+)?$", re.MULTILINE)
+URL_RE = re.compile(r"^(\S+)\s+(\S+)\s+(http://127\.0\.0\.1:\d+)$", re.MULTILINE)
 
 
 def test_it_serves_the_chosen_nodes_on_auto_ports_and_stops_on_sigterm(processes: ProcessGroup) -> None:
