@@ -284,13 +284,12 @@ def _publish_policy(redis_url: str, prefix: str, upstream: str, algorithm: str, 
         SCHEMA_VERSION,
         ModelSpec,
         NodeSpec,
-        PolicyAnnouncement,
         PolicySnapshot,
         PolicySpec,
         RedisKeys,
         RegionSpec,
-        encode,
     )
+    from routing.writer import write_snapshot
 
     keys = RedisKeys(prefix=prefix)
     nodes = tuple(
@@ -320,10 +319,11 @@ def _publish_policy(redis_url: str, prefix: str, upstream: str, algorithm: str, 
         nodes=nodes,
     )
     client = redis.Redis.from_url(redis_url)
-    client.set(keys.policy_current, encode(snapshot))
-    client.publish(
-        keys.policy_channel, encode(PolicyAnnouncement(SCHEMA_VERSION, version, snapshot.checksum))
-    )
+    try:
+        if not write_snapshot(client, keys, snapshot):
+            raise RuntimeError(f"Redis already holds a snapshot newer than version {version}")
+    finally:
+        client.close()
 
 
 def _redis_cleanup(redis_url: str, prefix: str) -> int:

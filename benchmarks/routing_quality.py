@@ -50,14 +50,19 @@ import httpx
 import msgspec
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from routing_quality_report import RunFigures, summarize_run, write_outputs  # this directory is on sys.path
+from routing_quality_report import (  # this directory is on sys.path
+    PEER,
+    RunFigures,
+    summarize_run,
+    write_outputs,
+)
 
 from routing.contract import (
+    ALGORITHMS,
     PARAMS_BY_ALGORITHM,
     SCHEMA_VERSION,
     ModelSpec,
     NodeSpec,
-    PolicyAnnouncement,
     PolicySnapshot,
     PolicySpec,
     RedisKeys,
@@ -68,6 +73,7 @@ from routing.contract import (
     decode,
     encode,
 )
+from routing.writer import write_snapshot
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
@@ -75,8 +81,7 @@ from simulator.traffic.workloads import WORKLOADS, Workload, WorkloadPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-GORGO_POLICIES = ("round_robin", "least_load", "session_affinity", "prefix_affinity", "gorgo")
-PEER = "vllm-router"
+GORGO_POLICIES = ALGORITHMS
 QUICK_POLICIES = ("least_load", "gorgo")
 
 # The fleet (the same for every workload and policy).
@@ -310,8 +315,8 @@ def publish_policy(
         models=(ModelSpec(model, topology.nodes[0].engine.block_size, MAX_MODEL_LEN),),
         nodes=nodes,
     )
-    client.set(keys.policy_current, encode(snapshot))
-    client.publish(keys.policy_channel, encode(PolicyAnnouncement(SCHEMA_VERSION, 1, snapshot.checksum)))
+    if not write_snapshot(client, keys, snapshot):
+        raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
 
 
 def _params(algorithm: str, overrides: dict[str, float]) -> Any:

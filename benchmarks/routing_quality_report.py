@@ -11,11 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from routing.contract import RequestRecord
+from routing.contract import ALGORITHMS, RequestRecord
 from simulator.traffic.report import percentile
 from simulator.traffic.runner import RequestResult
 
-POLICY_ORDER = ("round_robin", "least_load", "session_affinity", "prefix_affinity", "vllm-router", "gorgo")
+PEER = "vllm-router"
+# The baselines in the contract's order, the peer, then gorgo (the subject) last.
+POLICY_ORDER = (*(name for name in ALGORITHMS if name != "gorgo"), PEER, "gorgo")
 REGION_ORDER = ("us-east", "eu-central", "ap-south")
 COLORS = {
     "round_robin": "#9e9e9e",

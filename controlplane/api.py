@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
+from controlplane.deletion import delete_blockers
 
 
 class ConflictError(exceptions.APIException):
@@ -18,6 +19,16 @@ class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object is in use."
     default_code = "conflict"
+
+
+class UnavailableError(Exception):
+    """A service the control plane needs (Redis) could not do its part; nothing was changed.
+
+    The API answers 503 with ``code``. Apps subclass it (``policies.publishing.PublishError``), so
+    this module needs to know none of them.
+    """
+
+    code = "unavailable"
 
 
 def exception_handler(exc, context):
@@ -32,12 +43,8 @@ def exception_handler(exc, context):
             {"detail": f"Cannot delete: still referenced by {names}.", "code": "conflict"},
             status=status.HTTP_409_CONFLICT,
         )
-    from controlplane.policies.publishing import PublishError
-
-    if isinstance(exc, PublishError):
-        return Response(
-            {"detail": str(exc), "code": "publish_failed"}, status=status.HTTP_503_SERVICE_UNAVAILABLE
-        )
+    if isinstance(exc, UnavailableError):
+        return Response({"detail": str(exc), "code": exc.code}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, exceptions.APIException) or exc is not None:
         return drf_exception_handler(exc, context)
     return None
@@ -92,8 +99,6 @@ class BaseModelViewSet(viewsets.ModelViewSet):
             audit.record(self.request.user, serializer.instance, f"Changed through the API: {changes}")
 
     def perform_destroy(self, instance) -> None:
-        from controlplane.policies.deletion import delete_blockers
-
         reasons = delete_blockers(instance)
         if reasons:
             raise ConflictError(" ".join(reasons))

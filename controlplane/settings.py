@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "controlplane.policies",
     "telemetry",
     "controlplane.dashboard",
+    "controlplane.demo",  # seed_demo: development-only, the one importer of the simulator
 ]
 
 MIDDLEWARE = [

@@ -15,20 +15,12 @@ All wire documents are JSON (msgspec), so an operator can read them with ``redis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_type_hints
 
 import msgspec
 
 SCHEMA_VERSION = 1
 
-Algorithm = Literal["round_robin", "least_load", "session_affinity", "prefix_affinity", "gorgo"]
-ALGORITHMS: tuple[Algorithm, ...] = (
-    "round_robin",
-    "least_load",
-    "session_affinity",
-    "prefix_affinity",
-    "gorgo",
-)
 NodeState = Literal["active", "draining", "disabled"]
 
 
@@ -125,9 +117,15 @@ class LeastLoadParams(msgspec.Struct, frozen=True, tag="least_load", forbid_unkn
 class SessionAffinityParams(msgspec.Struct, frozen=True, tag="session_affinity", forbid_unknown_fields=True):
     """Consistent hashing on a session key (header, else the OpenAI ``user`` field)."""
 
-    session_header: Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9-]+$")] = (
-        "x-session-id"
-    )
+    session_header: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=100,
+            pattern=r"^[A-Za-z0-9-]+$",
+            extra={"invalid": "Use letters, digits and hyphens only."},
+        ),
+    ] = "x-session-id"
     virtual_nodes: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 160
 
 
@@ -152,16 +150,90 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
 
 
+# The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name, and
+# everything else (the names, the ``Algorithm`` type, the gateway's registry in
+# ``routing/algorithms``, the control plane's choices, the benchmarks) is derived from it.
 AlgorithmParams = (
     RoundRobinParams | LeastLoadParams | SessionAffinityParams | PrefixAffinityParams | GorgoParams
 )
+
+
+def algorithm_name(params_type: type[msgspec.Struct]) -> str:
+    """The algorithm a params struct configures (its union tag)."""
+    return str(params_type.__struct_config__.tag)
+
+
 PARAMS_BY_ALGORITHM: dict[str, type[msgspec.Struct]] = {
-    "round_robin": RoundRobinParams,
-    "least_load": LeastLoadParams,
-    "session_affinity": SessionAffinityParams,
-    "prefix_affinity": PrefixAffinityParams,
-    "gorgo": GorgoParams,
+    algorithm_name(params_type): params_type for params_type in get_args(AlgorithmParams)
 }
+ALGORITHMS: tuple[str, ...] = tuple(PARAMS_BY_ALGORITHM)
+Algorithm = Literal[ALGORITHMS]  # type: ignore[valid-type]  # Literal["round_robin", ...], checked by msgspec
+
+
+# Why parameters are invalid, per parameter, in plain words: the control plane's model, API and
+# form all report these (validity itself is msgspec's decision over the params struct).
+WHOLE_PARAMS = ""  # the key of an error about the parameters as a whole, not one of them
+
+
+def params_errors(algorithm: str, raw: object) -> dict[str, str]:
+    """Why ``raw`` is not valid parameters for ``algorithm``: parameter name -> message; {} if valid."""
+    params_type = PARAMS_BY_ALGORITHM.get(algorithm)
+    if params_type is None:
+        return {WHOLE_PARAMS: f"Unknown algorithm {algorithm!r}."}
+    if not isinstance(raw, dict):
+        return {WHOLE_PARAMS: "Parameters must be a JSON object."}
+    try:
+        msgspec.convert(raw, params_type)
+    except msgspec.ValidationError as exc:
+        whole = str(exc)
+    else:
+        return {}
+    fields = {field.name: field for field in msgspec.inspect.type_info(params_type).fields}
+    hints = get_type_hints(params_type, include_extras=True)
+    errors: dict[str, str] = {}
+    for name, value in raw.items():
+        field = fields.get(name)
+        if field is None:
+            known = ", ".join(fields) or "none"
+            errors[str(name)] = f"Not a parameter of {algorithm} (its parameters: {known})."
+            continue
+        try:
+            msgspec.convert(value, hints[name])
+        except msgspec.ValidationError:
+            errors[name] = _value_problem(field.type, value)
+    return errors or {WHOLE_PARAMS: whole}
+
+
+def _value_problem(info: Any, value: object) -> str:
+    """Plain words for a value its field's type (``msgspec.inspect`` info) refused."""
+    extra = getattr(info, "extra", None) or {}
+    if isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    if isinstance(info, msgspec.inspect.IntType | msgspec.inspect.FloatType):
+        whole = isinstance(info, msgspec.inspect.IntType)
+        if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+            return "Must be a whole number." if whole else "Must be a number."
+        for bound, words, outside in (
+            (info.ge, "at least", lambda b: value < b),
+            (info.gt, "more than", lambda b: value <= b),
+            (info.le, "at most", lambda b: value > b),
+            (info.lt, "less than", lambda b: value >= b),
+        ):
+            if bound is not None and outside(bound):
+                return f"Must be {words} {float(bound):g}."
+    if isinstance(info, msgspec.inspect.StrType):
+        if not isinstance(value, str):
+            return "Must be text."
+        low, high = info.min_length or 0, info.max_length
+        if len(value) < low or (high is not None and len(value) > high):
+            return (
+                f"Must be {low} to {high} characters long."
+                if high
+                else f"Must be at least {low} characters long."
+            )
+        if info.pattern is not None:
+            return str(extra.get("invalid", f"Must match {info.pattern}."))
+    return str(extra.get("invalid", "Invalid value."))
 
 
 class RegionSpec(msgspec.Struct, frozen=True):

@@ -297,7 +297,9 @@ def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[Buc
     return deltas
 
 
-_SUMMED = (
+# The sums a RequestAggregate bucket keeps: what a batch adds here, and what readers that merge
+# buckets (the dashboard's series) add together. The one list of them.
+SUMMED_FIELDS = (
     "count",
     "errors",
     "ttft_count",
@@ -320,7 +322,7 @@ def _apply_delta(key: BucketKey, delta: BucketDelta) -> RequestAggregate:
     lookup = {"resolution": resolution, "scope": scope, "bucket_start": start}
     lookup["node_id" if scope == ScopeChoices.NODE else "region_id"] = target_id
     row = RequestAggregate.objects.select_for_update().filter(**lookup).first() or RequestAggregate(**lookup)
-    for name in _SUMMED:
+    for name in SUMMED_FIELDS:
         setattr(row, name, getattr(row, name) + getattr(delta, name))
     histogram = dict(row.ttft_histogram or {})
     for index, count in delta.ttft_histogram.items():

@@ -239,6 +239,28 @@ def read_rtt_table(client: redis.Redis, keys: RedisKeys) -> RTTTable | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """What the gateways see now: each node's live document and the RTT table.
+
+    ``error`` says why it is empty when Redis could not be read; readers (the API, the dashboard)
+    still answer with what the database knows.
+    """
+
+    nodes: dict[int, NodeLiveState]
+    rtt: RTTTable | None
+    error: str = ""
+
+
+def read_live_state(client: redis.Redis, keys: RedisKeys) -> LiveState:
+    """The one reader of live state for the control plane's API and pages (never raises for Redis)."""
+    try:
+        return LiveState(nodes=read_live_nodes(client, keys), rtt=read_rtt_table(client, keys))
+    except redis.RedisError as exc:
+        log.warning("live state unavailable: %s", exc)
+        return LiveState(nodes={}, rtt=None, error=str(exc))
+
+
 def forget_missing(
     client: redis.Redis, keys: RedisKeys, node_ids: Iterable[int], region_slugs: Iterable[str]
 ) -> int:

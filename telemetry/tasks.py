@@ -21,9 +21,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db.models import Q
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from controlplane.locks import task_lock
-from controlplane.policies.publishing import redis_client, redis_keys
 from telemetry import aggregation, rounds
 from telemetry.choices import ResolutionChoices, ScopeChoices
 from telemetry.groups import AggregatesUpdate, BucketCell

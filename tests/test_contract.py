@@ -86,3 +86,38 @@ def test_it_keeps_routing_free_of_django() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+class TestParamsErrors:
+    """Why parameters are invalid, per parameter, in words an operator reads (no msgspec text)."""
+
+    def test_it_names_every_bad_parameter_with_its_problem(self) -> None:
+        errors = contract.params_errors("gorgo", {"w_rtt": 101, "w_queue": "fast", "bogus": 1})
+        assert errors == {
+            "w_rtt": "Must be at most 100.",
+            "w_queue": "Must be a number.",
+            "bogus": "Not a parameter of gorgo (its parameters: w_rtt, w_queue, default_rtt_ms, chars_per_token).",
+        }
+
+    def test_it_explains_bounds_whole_numbers_lengths_and_patterns(self) -> None:
+        assert contract.params_errors("session_affinity", {"virtual_nodes": 0}) == {
+            "virtual_nodes": "Must be at least 1."
+        }
+        assert contract.params_errors("session_affinity", {"virtual_nodes": 1.5}) == {
+            "virtual_nodes": "Must be a whole number."
+        }
+        assert contract.params_errors("session_affinity", {"session_header": ""}) == {
+            "session_header": "Must be 1 to 100 characters long."
+        }
+        assert contract.params_errors("session_affinity", {"session_header": "bad header!"}) == {
+            "session_header": "Use letters, digits and hyphens only."
+        }
+
+    def test_it_reports_a_non_object_as_a_whole(self) -> None:
+        assert contract.params_errors("gorgo", [1, 2]) == {
+            contract.WHOLE_PARAMS: "Parameters must be a JSON object."
+        }
+
+    def test_it_accepts_what_the_params_struct_accepts(self) -> None:
+        assert contract.params_errors("gorgo", {"w_rtt": 2, "type": "gorgo"}) == {}
+        assert contract.params_errors("round_robin", {}) == {}

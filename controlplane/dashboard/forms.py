@@ -7,7 +7,6 @@ the model's errors back next to the field the operator typed into.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,25 +113,6 @@ def param_fields() -> list[tuple[ParamField, forms.Field]]:
             ref = ParamField(algorithm, info.name, _param_form_name(algorithm, info.name))
             fields.append((ref, _build_param_field(algorithm, info)))
     return fields
-
-
-_MSGSPEC_PATH = re.compile(r" - at `\$\.(?P<name>\w+)`$")
-_MSGSPEC_BOUND = re.compile(r"^Expected `\w+` (?P<op>>=|<=|>|<) (?P<value>-?[\d.e+]+)$")
-_BOUND_WORDS = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}
-
-
-def humanise_param_error(message: str) -> tuple[str | None, str]:
-    """Split a contract error ("Expected `float` <= 100.0 - at `$.w_rtt`") into (param, plain words)."""
-    message = re.sub(r"^Invalid parameters for \w+: ", "", message)
-    path = _MSGSPEC_PATH.search(message)
-    name = path.group("name") if path else None
-    text = _MSGSPEC_PATH.sub("", message)
-    bound = _MSGSPEC_BOUND.match(text)
-    if bound:
-        text = f"Must be {_BOUND_WORDS[bound.group('op')]} {float(bound.group('value')):g}."
-    elif text.startswith("Expected `str` matching regex"):
-        text = "Use letters, digits and hyphens only."
-    return name, text
 
 
 class ResidencyWidget(forms.Widget):
@@ -274,15 +254,15 @@ class PolicyForm(forms.ModelForm):
         return cleaned
 
     def _update_errors(self, errors: ValidationError) -> None:
-        # RoutingPolicy.clean() reports every parameter problem on "params"; show each one next
-        # to the parameter's own input instead.
+        # RoutingPolicy.clean() reports parameter problems on "params", one error per parameter
+        # (its name in the error's params); show each next to the parameter's own input instead.
         if hasattr(errors, "error_dict") and "params" in errors.error_dict:
             algorithm = self.cleaned_data.get("algorithm", self.instance.algorithm)
             for error in errors.error_dict.pop("params"):
-                for message in error.messages:
-                    name, text = humanise_param_error(message)
-                    form_name = _param_form_name(algorithm, name) if name else None
-                    self.add_error(form_name if form_name in self.fields else NON_FIELD_ERRORS, text)
+                details = error.params or {}
+                name, problem = details.get("param"), details.get("problem", error.message)
+                form_name = _param_form_name(algorithm, name) if name else None
+                self.add_error(form_name if form_name in self.fields else NON_FIELD_ERRORS, problem)
             if not errors.error_dict:
                 return
         super()._update_errors(errors)

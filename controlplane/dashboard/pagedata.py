@@ -1,7 +1,7 @@
 """What a page embeds when it is rendered: the fleet, the latest live state, the active policy.
 
-The live state is read with telemetry's own readers (``telemetry.live``) from the same Redis keys
-the gateways use; when Redis is unreachable the page still renders, with the fleet and no live
+The live state is read with telemetry's one reader (``telemetry.live.read_live_state``, as the
+telemetry API does) from the same Redis keys the gateways use; when Redis is unreachable the page still renders, with the fleet and no live
 values, and says so.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import redis
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from controlplane.policies import publishing
 from telemetry import live as telemetry_live
@@ -47,19 +47,16 @@ def snapshot() -> dict[str, Any]:
     health = _health_by_node()
     for node_id, state in health.items():
         data["nodes"][str(node_id)] = {"node_id": node_id, "health": state}
-    try:
-        client, keys = publishing.redis_client(), publishing.redis_keys()
-        for node_id, state in telemetry_live.read_live_nodes(client, keys).items():
-            doc = msgspec.to_builtins(state)
-            doc["health"] = health.get(node_id, HealthChoices.UNKNOWN)
-            data["nodes"][str(node_id)] = doc
-        table = telemetry_live.read_rtt_table(client, keys)
-    except redis.RedisError as exc:
-        log.warning("dashboard: live state unavailable: %s", exc)
+    state = telemetry_live.read_live_state(redis_client(), redis_keys())
+    if state.error:
         data["error"] = "Live state unavailable (Redis unreachable); showing the fleet only."
         return data
-    if table is not None:
-        data["rtt"] = [msgspec.to_builtins(entry) for entry in table.entries]
+    for node_id, live in state.nodes.items():
+        doc = msgspec.to_builtins(live)
+        doc["health"] = health.get(node_id, HealthChoices.UNKNOWN)
+        data["nodes"][str(node_id)] = doc
+    if state.rtt is not None:
+        data["rtt"] = [msgspec.to_builtins(entry) for entry in state.rtt.entries]
     return data
 
 

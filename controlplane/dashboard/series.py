@@ -18,24 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from telemetry.aggregation import breakdown_of, histogram_quantile_ms
+from telemetry.aggregation import SUMMED_FIELDS, breakdown_of, histogram_quantile_ms
 from telemetry.choices import ScopeChoices
 from telemetry.models import MetricSample, RequestAggregate
 
-# Sums a merged bucket keeps (the fields telemetry's breakdown reads, plus tokens).
-_SUMMED = (
-    "count",
-    "errors",
-    "ttft_count",
-    "ttft_sum_ms",
-    "gateway_sum_ms",
-    "network_sum_ms",
-    "queue_sum_ms",
-    "prefill_sum_ms",
-    "prompt_tokens",
-    "cached_tokens",
-    "predicted_cached_tokens",
-)
 COMPONENTS = ("gateway", "network", "queue", "prefill", "other")
 HEADLINE_WINDOW_S = 60
 MAX_POINTS = 180
@@ -59,25 +45,23 @@ class Window:
 
 @dataclass(slots=True)
 class Merged:
-    """Buckets added together: sums and the TTFT histogram."""
+    """Buckets added together: the sums telemetry keeps (``SUMMED_FIELDS``) and the TTFT histogram."""
 
-    count: int = 0
-    errors: int = 0
-    ttft_count: int = 0
-    ttft_sum_ms: float = 0.0
-    gateway_sum_ms: float = 0.0
-    network_sum_ms: float = 0.0
-    queue_sum_ms: float = 0.0
-    prefill_sum_ms: float = 0.0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    predicted_cached_tokens: int = 0
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMMED_FIELDS, 0))
     histogram: dict[str, int] = field(default_factory=dict)
     bucket_means: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
+    @property
+    def count(self) -> int:
+        return int(self.sums["count"])
+
+    @property
+    def errors(self) -> int:
+        return int(self.sums["errors"])
+
     def add(self, row: dict[str, Any]) -> None:
-        for name in _SUMMED:
-            setattr(self, name, getattr(self, name) + (row[name] or 0))
+        for name in SUMMED_FIELDS:
+            self.sums[name] += row[name] or 0
         for index, count in (row["ttft_histogram"] or {}).items():
             self.histogram[index] = self.histogram.get(index, 0) + count
         parts = _breakdown(row)
@@ -94,18 +78,22 @@ class Merged:
             "errors": self.errors,
             "ttft_p50_ms": self.quantile_ms(0.5),
             "ttft_p99_ms": self.quantile_ms(0.99),
-            "ttft_mean_ms": round(self.ttft_sum_ms / self.ttft_count, 3) if self.ttft_count else None,
-            "mean": _breakdown({name: getattr(self, name) for name in _SUMMED}),
+            "ttft_mean_ms": (
+                round(self.sums["ttft_sum_ms"] / self.sums["ttft_count"], 3)
+                if self.sums["ttft_count"]
+                else None
+            ),
+            "mean": _breakdown(self.sums),
             "p50": _weighted_median_parts(self.bucket_means),
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "predicted_cached_tokens": self.predicted_cached_tokens,
+            "prompt_tokens": self.sums["prompt_tokens"],
+            "cached_tokens": self.sums["cached_tokens"],
+            "predicted_cached_tokens": self.sums["predicted_cached_tokens"],
         }
 
 
 def _breakdown(sums: dict[str, Any]) -> dict[str, float] | None:
     """Telemetry's breakdown (parts add up to the mean TTFT, remainder in "other")."""
-    row = RequestAggregate(**{name: sums[name] or 0 for name in _SUMMED})
+    row = RequestAggregate(**{name: sums[name] or 0 for name in SUMMED_FIELDS})
     parts = breakdown_of(row)
     if parts is None:
         return None
@@ -144,7 +132,7 @@ _BUCKET_FIELDS = (
     "ttft_histogram",
     "ttft_p50_ms",
     "ttft_p99_ms",
-    *_SUMMED,
+    *SUMMED_FIELDS,
 )
 
 
@@ -288,9 +276,9 @@ def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
         "series": series,
         "routed": {
             key: {
-                "prompt_tokens": m.prompt_tokens,
-                "predicted_cached_tokens": m.predicted_cached_tokens,
-                "cached_tokens": m.cached_tokens,
+                "prompt_tokens": m.sums["prompt_tokens"],
+                "predicted_cached_tokens": m.sums["predicted_cached_tokens"],
+                "cached_tokens": m.sums["cached_tokens"],
                 "count": m.count,
             }
             for key, m in routed.items()

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from controlplane.deletion import delete_blockers
 from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.models import LLMModel, Node, Region
 
@@ -15,8 +16,6 @@ class InUseDeleteMixin:
     """Lists why an object is still in use on the delete page, so the admin refuses like the API."""
 
     def get_deleted_objects(self, objs, request):
-        from controlplane.policies.deletion import delete_blockers
-
         to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
         for obj in objs:
             protected.extend(delete_blockers(obj))

@@ -9,4 +9,5 @@ class FleetConfig(AppConfig):
     verbose_name = "Fleet"
 
     def ready(self) -> None:
-        from controlplane.fleet import signals  # noqa: F401  (connects fleet-change republish)
+        # Connects the model signals that announce fleet changes, and the fleet's delete rules.
+        from controlplane.fleet import deletion, signals  # noqa: F401

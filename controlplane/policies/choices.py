@@ -2,17 +2,11 @@ from __future__ import annotations
 
 from django.db import models
 
-from routing.contract import ALGORITHMS
+from routing.algorithms import REGISTRY
 
-
-class AlgorithmChoices(models.TextChoices):
-    """Routing algorithms a policy can use (the gateway's registry has one function for each)."""
-
-    ROUND_ROBIN = "round_robin", "Round robin"
-    LEAST_LOAD = "least_load", "Least load"
-    SESSION_AFFINITY = "session_affinity", "Session affinity"
-    PREFIX_AFFINITY = "prefix_affinity", "Prefix affinity (cache-aware)"
-    GORGO = "gorgo", "GORGO (network + queue + cache)"
-
-
-assert set(AlgorithmChoices.values) == set(ALGORITHMS), "choices and the contract must agree"
+# Routing algorithms a policy can use: exactly the gateway's registry (names from the contract's
+# params structs, labels from the registry), so the two cannot disagree. The ``policies.E001``
+# system check verifies the registry covers the contract's ``ALGORITHMS``.
+AlgorithmChoices = models.TextChoices(
+    "AlgorithmChoices", [(info.name.upper(), (info.name, info.label)) for info in REGISTRY.values()]
+)

@@ -1,21 +1,21 @@
-"""Why an object cannot be deleted without breaking routing.
+"""What the policies refuse to let go: regions and models they name, the active or published policy.
 
-One answer for the API (409 with the reasons) and the admin (listed as protected objects), so
-both refuse the same deletes with the same words. Foreign keys already PROTECT most of these; the
-rules here also cover references that live in JSON (residency rules) or many-to-many fields, where
-a delete would silently change what the live policy means.
+Foreign keys already PROTECT most of these; the rules here also cover references that live in JSON
+(residency rules) or many-to-many fields, where a delete would silently change what the live
+policy means. Registered with core's ``delete_blockers`` (``controlplane/deletion.py``).
 """
 
 from __future__ import annotations
 
 from django.db import models
 
+from controlplane.deletion import blocks_deletion, names
 from controlplane.fleet.models import LLMModel, Region
 from controlplane.policies.models import RoutingPolicy
 
 
-def delete_blockers(obj: models.Model) -> list[str]:
-    """Human-readable reasons ``obj`` must not be deleted; empty when it may be."""
+@blocks_deletion
+def policy_delete_blockers(obj: models.Model) -> list[str]:
     if isinstance(obj, Region):
         return _region_blockers(obj)
     if isinstance(obj, LLMModel):
@@ -25,17 +25,7 @@ def delete_blockers(obj: models.Model) -> list[str]:
     return []
 
 
-def _names(queryset: models.QuerySet, field: str) -> str:
-    return ", ".join(queryset.values_list(field, flat=True)[:20])
-
-
 def _region_blockers(region: Region) -> list[str]:
-    reasons = []
-    nodes = region.nodes.order_by("name")
-    if nodes.exists():
-        reasons.append(
-            f"Region {region.slug} still has nodes ({_names(nodes, 'name')}); move or delete them first."
-        )
     policies = [
         policy.name
         for policy in RoutingPolicy.objects.order_by("name")
@@ -46,27 +36,21 @@ def _region_blockers(region: Region) -> list[str]:
         )
     ]
     if policies:
-        reasons.append(
+        return [
             f"Region {region.slug} appears in the residency rules of {', '.join(policies)}; "
             "edit those policies first."
-        )
-    return reasons
+        ]
+    return []
 
 
 def _model_blockers(model: LLMModel) -> list[str]:
-    reasons = []
-    nodes = model.nodes.order_by("name")
-    if nodes.exists():
-        reasons.append(
-            f"Model {model.name} is served by {_names(nodes, 'name')}; remove it from those nodes first."
-        )
     policies = model.routing_policies.order_by("name")
     if policies.exists():
-        reasons.append(
-            f"Model {model.name} is in the model scope of {_names(policies, 'name')}; "
+        return [
+            f"Model {model.name} is in the model scope of {names(policies, 'name')}; "
             "removing it would widen those policies to every model. Edit them first."
-        )
-    return reasons
+        ]
+    return []
 
 
 def _policy_blockers(policy: RoutingPolicy) -> list[str]:

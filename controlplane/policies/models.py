@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-import msgspec
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
 from controlplane.policies.choices import AlgorithmChoices
-from routing.contract import PARAMS_BY_ALGORITHM
+from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, params_errors
 
 
 class RoutingPolicy(models.Model):
@@ -59,16 +60,20 @@ class RoutingPolicy(models.Model):
 
     def clean(self) -> None:
         super().clean()
-        errors: dict[str, str] = {}
-        params_type = PARAMS_BY_ALGORITHM.get(self.algorithm)
-        if params_type is not None:
-            if not isinstance(self.params, dict):
-                errors["params"] = "Parameters must be a JSON object."
-            else:
-                try:
-                    msgspec.convert(self.params, params_type)
-                except msgspec.ValidationError as exc:
-                    errors["params"] = f"Invalid parameters for {self.algorithm}: {exc}"
+        errors: dict[str, Any] = {}
+        if self.algorithm in PARAMS_BY_ALGORITHM:  # an unknown algorithm is the choices' error
+            problems = params_errors(self.algorithm, self.params)
+            if problems:
+                # One error per parameter, which names it in ``params`` so the form can put it
+                # next to that parameter's input; the API shows "name: problem".
+                errors["params"] = [
+                    ValidationError(
+                        "%(param)s: %(problem)s" if name != WHOLE_PARAMS else "%(problem)s",
+                        code="invalid_param",
+                        params={"param": name, "problem": problem},
+                    )
+                    for name, problem in problems.items()
+                ]
         if self.max_rtt_ms is not None and not (0 < self.max_rtt_ms <= 10_000):
             errors["max_rtt_ms"] = "Maximum RTT must be between 0 and 10000 ms."
         residency_error = _residency_error(self.residency)

@@ -3,7 +3,7 @@
 Publishing is all-or-nothing: the policy is validated, compiled and recorded as a PolicyVersion in
 one database transaction, and the snapshot is written to Redis last inside that transaction; if the
 Redis write fails the transaction rolls back, so no version exists that the gateways never saw.
-The Redis write itself is a compare-and-set (a Lua script): a snapshot only replaces an older
+The Redis write itself is the compare-and-set of ``routing/writer.py``: a snapshot only replaces an older
 version, never a newer one, so two publishers racing cannot move the gateways backwards.
 """
 
@@ -12,28 +12,26 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from functools import cache
 
 import msgspec
 import redis
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane.api import UnavailableError
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from routing import contract
+from routing import contract, writer
 from routing.contract import (
     PARAMS_BY_ALGORITHM,
     ModelSpec,
     NodeSpec,
-    PolicyAnnouncement,
     PolicySnapshot,
     PolicySpec,
-    RedisKeys,
     RegionSpec,
     ResidencyRule,
 )
@@ -42,24 +40,11 @@ log = logging.getLogger(__name__)
 
 SYSTEM_AUTHOR = "system"
 
-# KEYS[1] = current snapshot key; ARGV = snapshot json, version, channel, announcement json.
-# Writes only when the stored snapshot is older (or absent); returns 1 when written.
-_SET_IF_NEWER = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, doc = pcall(cjson.decode, current)
-  if ok and type(doc) == 'table' and tonumber(doc['version']) and tonumber(doc['version']) > tonumber(ARGV[2]) then
-    return 0
-  end
-end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1
-"""
 
+class PublishError(UnavailableError):
+    """The snapshot could not be written to Redis; nothing was recorded (the API answers 503)."""
 
-class PublishError(Exception):
-    """The snapshot could not be written to Redis; nothing was recorded."""
+    code = "publish_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +53,6 @@ class PublishResult:
 
     version: PolicyVersion
     created: bool
-
-
-@cache
-def redis_client() -> redis.Redis:
-    """The control plane's Redis client (one per process; short timeouts so the API fails fast)."""
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
-
-
-def redis_keys() -> RedisKeys:
-    return RedisKeys(prefix=settings.GORGO_REDIS_PREFIX)
 
 
 def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: float = 0.0) -> PolicySnapshot:
@@ -150,23 +125,10 @@ def live_version() -> PolicyVersion | None:
 
 def write_snapshot(snapshot: PolicySnapshot) -> bool:
     """Write a snapshot to Redis and announce it, unless Redis holds a newer one. Raises PublishError."""
-    keys = redis_keys()
-    announcement = PolicyAnnouncement(
-        schema_version=contract.SCHEMA_VERSION, version=snapshot.version, checksum=snapshot.checksum
-    )
     try:
-        written = redis_client().eval(
-            _SET_IF_NEWER,
-            1,
-            keys.policy_current,
-            contract.encode(snapshot),
-            snapshot.version,
-            keys.policy_channel,
-            contract.encode(announcement),
-        )
+        return writer.write_snapshot(redis_client(), redis_keys(), snapshot)
     except redis.RedisError as exc:
         raise PublishError(f"could not write the snapshot to Redis: {exc}") from exc
-    return bool(written)
 
 
 def publish(
@@ -235,15 +197,9 @@ def _publish_once(
 def _redis_version() -> int:
     """The version of the snapshot the gateways run now (0 when there is none)."""
     try:
-        current = redis_client().get(redis_keys().policy_current)
+        return writer.current_version(redis_client(), redis_keys())
     except redis.RedisError as exc:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
-    if current is None:
-        return 0
-    try:
-        return int(msgspec.json.decode(current).get("version", 0))
-    except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
-        return 0  # unreadable: the compare-and-set will replace it
 
 
 def _ensure_live_in_redis(live: PolicyVersion) -> None:

@@ -7,9 +7,10 @@ import logging
 import redis
 from celery import shared_task
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
 from controlplane.policies.models import RoutingPolicy
-from controlplane.policies.publishing import PublishError, publish, redis_client, redis_keys
+from controlplane.policies.publishing import PublishError, publish
 
 log = logging.getLogger(__name__)
 

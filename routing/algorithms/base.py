@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from routing.contract import AlgorithmParams, CostTerms, NodeLiveState, NodeSpec
+import msgspec
+
+from routing.contract import AlgorithmParams, CostTerms, NodeLiveState, NodeSpec, algorithm_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +73,17 @@ AlgorithmFn = Callable[[RoutingView, RoutingRequest], Decision]
 
 @dataclass(frozen=True, slots=True)
 class AlgorithmInfo:
-    """A registered algorithm and what the gateway must prepare for it."""
+    """A registered algorithm: its params struct (whose tag names it), its function, its label.
 
-    name: str
+    ``label`` is what operators see (the control plane's choices); ``needs_prefix_matches`` tells
+    the gateway to look the prompt up in the prefix index before calling ``choose``.
+    """
+
+    params: type[msgspec.Struct]
+    label: str
     choose: AlgorithmFn
     needs_prefix_matches: bool = False
+
+    @property
+    def name(self) -> str:
+        return algorithm_name(self.params)

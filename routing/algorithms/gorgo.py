@@ -228,4 +228,6 @@ def _gateway_seed(gateway_id: str) -> int:
     return zlib.crc32(gateway_id.encode())
 
 
-INFO = AlgorithmInfo(name="gorgo", choose=choose, needs_prefix_matches=True)
+INFO = AlgorithmInfo(
+    params=GorgoParams, label="GORGO (network + queue + cache)", choose=choose, needs_prefix_matches=True
+)

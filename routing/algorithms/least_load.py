@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.contract import LeastLoadParams
 
 
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:
@@ -26,4 +27,4 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     return Decision(node=best)
 
 
-INFO = AlgorithmInfo(name="least_load", choose=choose)
+INFO = AlgorithmInfo(params=LeastLoadParams, label="Least load", choose=choose)

@@ -62,4 +62,9 @@ def _terms(node_id: int, matched: int, prompt_tokens: int) -> CostTerms:
     return CostTerms(node_id=node_id, matched_tokens=matched, uncached_tokens=prompt_tokens - matched)
 
 
-INFO = AlgorithmInfo(name="prefix_affinity", choose=choose, needs_prefix_matches=True)
+INFO = AlgorithmInfo(
+    params=PrefixAffinityParams,
+    label="Prefix affinity (cache-aware)",
+    choose=choose,
+    needs_prefix_matches=True,
+)

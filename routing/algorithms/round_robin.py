@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.contract import RoundRobinParams
 
 
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:
@@ -15,4 +16,4 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     return Decision(node=candidates[view.sequence % len(candidates)])
 
 
-INFO = AlgorithmInfo(name="round_robin", choose=choose)
+INFO = AlgorithmInfo(params=RoundRobinParams, label="Round robin", choose=choose)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
 from drf_spectacular.utils import extend_schema
 from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
-from controlplane.policies.publishing import redis_client, redis_keys
-from routing.contract import NodeLiveState, RTTTable
 from telemetry.api.serializers import (
     HealthEventSerializer,
     LiveNodeSerializer,
@@ -30,20 +28,10 @@ from telemetry.filtersets import (
     RequestAggregateFilterSet,
     RTTSampleFilterSet,
 )
-from telemetry.live import read_live_nodes, read_rtt_table
+from telemetry.live import read_live_state
 from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
 
 log = logging.getLogger(__name__)
-
-
-def live_snapshot() -> tuple[dict[int, NodeLiveState], RTTTable | None]:
-    """What the gateways see now; empty when Redis is unreachable (the API still answers)."""
-    client, keys = redis_client(), redis_keys()
-    try:
-        return read_live_nodes(client, keys), read_rtt_table(client, keys)
-    except redis.RedisError as exc:
-        log.warning("live state unavailable: %s", exc)
-        return {}, None
 
 
 class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -56,11 +44,11 @@ class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
     def get_serializer_context(self) -> dict:
         # Read Redis once per request, not once per node.
         context = super().get_serializer_context()
-        live, table = live_snapshot()
+        state = read_live_state(redis_client(), redis_keys())
         rtt: dict[int, list] = {}
-        for entry in table.entries if table is not None else ():
+        for entry in state.rtt.entries if state.rtt is not None else ():
             rtt.setdefault(entry.node_id, []).append(entry)
-        return {**context, "live": live, "rtt": rtt, "now": time.time()}
+        return {**context, "live": state.nodes, "rtt": rtt, "now": time.time()}
 
 
 class RTTMatrixView(APIView):
@@ -68,7 +56,7 @@ class RTTMatrixView(APIView):
 
     @extend_schema(responses=RTTMatrixSerializer)
     def get(self, request: Request) -> Response:
-        _live, table = live_snapshot()
+        table = read_live_state(redis_client(), redis_keys()).rtt
         regions = list(Region.objects.order_by("slug").values_list("slug", flat=True))
         nodes = list(Node.objects.select_related("region").order_by("region__slug", "name"))
         known_nodes, known_regions = {n.pk for n in nodes}, set(regions)

@@ -44,8 +44,8 @@ def rtt_ms(a: str, b: str) -> float:
 
 def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     """Write ``minutes`` of history and the current live state; returns row counts."""
+    from controlplane.connections import redis_client, redis_keys
     from controlplane.fleet.models import Node, Region
-    from controlplane.policies.publishing import redis_client, redis_keys
     from routing import contract
     from routing.contract import NodeLiveState, RTTEntry, RTTTable
     from telemetry.aggregation import histogram_quantile_ms, ttft_bin

@@ -8,8 +8,8 @@ import pytest
 import redis
 from rest_framework.test import APIClient
 
-from controlplane.fleet.accounts import Account, ensure_account
-from controlplane.policies.publishing import redis_client
+from controlplane.accounts import Account, ensure_account
+from controlplane.connections import redis_client
 from routing.contract import RedisKeys
 from tests.controlplane.support import Fleet, client_for, make_fleet
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import Group
 
-from controlplane.fleet.accounts import OPERATORS, VIEWERS, sync_groups
+from controlplane.accounts import OPERATORS, VIEWERS, sync_groups
 from tests.controlplane.support import client_for
 
 

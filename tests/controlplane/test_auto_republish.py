@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
+from controlplane.connections import redis_client
 from controlplane.fleet.models import Node
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from controlplane.policies.publishing import redis_client
 from tests.controlplane.support import LLAMA, live_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
+from controlplane.connections import redis_client
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from controlplane.policies.publishing import redis_client
 from routing import contract
 from routing.contract import GorgoParams, PolicyAnnouncement
 from tests.controlplane.support import LLAMA, live_snapshot

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from controlplane.connections import redis_client
 from controlplane.fleet.models import Node
 from controlplane.policies import publishing
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
@@ -21,14 +22,14 @@ def test_it_publishes_a_fleet_change_that_redis_missed(
     node = Node.objects.get(name="us-east-1")
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # Redis unreachable during the change
-    publishing.redis_client.cache_clear()
+    redis_client.cache_clear()
     node.state = "draining"
     node.save()  # the on-commit republish fails quietly; the change itself is kept
     assert PolicyVersion.objects.count() == 1
     assert reconcile() is None  # still unreachable: nothing recorded
 
     settings.REDIS_URL = redis_url
-    publishing.redis_client.cache_clear()
+    redis_client.cache_clear()
     assert reconcile() == 2
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert snapshot is not None and snapshot.version == 2

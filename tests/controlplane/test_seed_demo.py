@@ -10,9 +10,9 @@ from django.core import serializers
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 
+from controlplane.connections import redis_client
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from controlplane.policies.publishing import redis_client
 from tests.controlplane.support import LLAMA, client_for, live_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit republishes must run as in production

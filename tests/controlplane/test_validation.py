@@ -82,6 +82,12 @@ def test_it_refuses_bad_params_per_algorithm(operator_client, fleet, algorithm, 
     assert not RoutingPolicy.objects.filter(name="checked").exists()
 
 
+def test_it_reports_each_bad_parameter_by_name(operator_client, fleet) -> None:
+    body = {**POLICY, "algorithm": "gorgo", "params": {"w_rtt": 500, "default_rtt_ms": -1}}
+    errors = errors_of(operator_client.post("/api/v1/policies/", body, format="json"))
+    assert errors == {"params": ["w_rtt: Must be at most 100.", "default_rtt_ms: Must be at least 0."]}
+
+
 def test_it_accepts_the_params_of_each_algorithm(operator_client, fleet) -> None:
     for algorithm, params in [
         ("gorgo", {"w_rtt": 0.5, "default_rtt_ms": 80}),
@@ -143,7 +149,7 @@ def test_it_validates_partial_updates_against_the_stored_object(operator_client,
 
 
 def test_it_refuses_the_same_bad_node_in_the_admin(client, fleet) -> None:
-    from controlplane.fleet.accounts import ensure_account
+    from controlplane.accounts import ensure_account
 
     client.force_login(ensure_account("admin-op", password="operator-password-2").user)
     response = client.post(

@@ -8,9 +8,9 @@ import pytest
 import redis
 from django.test import Client
 
-from controlplane.fleet.accounts import Account, ensure_account
+from controlplane.accounts import Account, ensure_account
+from controlplane.connections import redis_client
 from controlplane.policies.models import RoutingPolicy
-from controlplane.policies.publishing import redis_client
 from routing.contract import RedisKeys
 from tests.controlplane.support import LLAMA, Fleet, make_fleet
 

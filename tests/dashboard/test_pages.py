@@ -9,8 +9,8 @@ import pytest
 import redis
 from django.test import Client
 
+from controlplane.connections import redis_client
 from controlplane.policies.models import RoutingPolicy
-from controlplane.policies.publishing import redis_client
 from routing import contract
 from routing.contract import NodeLiveState, RedisKeys, RTTEntry, RTTTable
 from tests.conftest import free_port

@@ -6,7 +6,6 @@ import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.test import Client
 
-from controlplane.dashboard.forms import humanise_param_error
 from controlplane.policies.models import RoutingPolicy
 from tests.dashboard.conftest import LLAMA, Fleet
 
@@ -116,19 +115,16 @@ def test_it_renders_the_residency_grid_with_the_saved_rules(
     assert 'name="residency_us-east" value="eu-central" aria-label="us-east may use eu-central">' in html
 
 
-def test_it_turns_contract_errors_into_plain_words() -> None:
-    assert humanise_param_error("Invalid parameters for gorgo: Expected `float` <= 100.0 - at `$.w_rtt`") == (
-        "w_rtt",
-        "Must be at most 100.",
-    )
-    assert humanise_param_error("Expected `int` >= 1 - at `$.virtual_nodes`") == (
-        "virtual_nodes",
-        "Must be at least 1.",
-    )
-    assert humanise_param_error("Parameters must be a JSON object.") == (
-        None,
-        "Parameters must be a JSON object.",
-    )
+@pytest.mark.django_db
+def test_it_shows_each_bad_parameter_next_to_its_own_input(
+    operator_client: Client, policy: RoutingPolicy
+) -> None:
+    data = form_data(param_gorgo_w_rtt="500", param_gorgo_default_rtt_ms="-1")
+    response = operator_client.post(f"/policies/{policy.pk}/edit/", data)
+    assert response.context["form"].errors == {
+        "param_gorgo_w_rtt": ["Must be at most 100."],
+        "param_gorgo_default_rtt_ms": ["Must be at least 0."],
+    }
 
 
 @pytest.mark.django_db

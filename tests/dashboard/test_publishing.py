@@ -6,8 +6,9 @@ import pytest
 import redis
 from django.test import Client
 
+from controlplane.connections import redis_client
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from controlplane.policies.publishing import compile_policy, publish, redis_client
+from controlplane.policies.publishing import compile_policy, publish
 from routing import contract
 from routing.contract import PolicySnapshot, RedisKeys
 from tests.conftest import free_port

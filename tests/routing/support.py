@@ -29,7 +29,6 @@ from routing.contract import (
     ModelSpec,
     NodeLiveState,
     NodeSpec,
-    PolicyAnnouncement,
     PolicySnapshot,
     PolicySpec,
     RedisKeys,
@@ -40,6 +39,7 @@ from routing.contract import (
     RTTTable,
     encode,
 )
+from routing.writer import write_snapshot_async
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REGIONS = (
@@ -107,10 +107,8 @@ def make_snapshot(
 
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
-    """What the control plane does: SET the snapshot, then announce it."""
-    await client.set(keys.policy_current, encode(snapshot))
-    announcement = PolicyAnnouncement(SCHEMA_VERSION, snapshot.version, snapshot.checksum)
-    await client.publish(keys.policy_channel, encode(announcement))
+    """What the control plane does: compare-and-set the snapshot, then announce it."""
+    assert await write_snapshot_async(client, keys, snapshot), "Redis holds a newer snapshot"
 
 
 async def publish_live(

@@ -16,7 +16,8 @@ import openai
 import pytest
 import redis
 
-from routing.contract import SCHEMA_VERSION, LeastLoadParams, PolicyAnnouncement, RedisKeys, encode
+from routing.contract import LeastLoadParams, RedisKeys
+from routing.writer import write_snapshot
 from tests.routing.support import MODEL, make_node, make_snapshot
 from tests.routing.test_redis_outage import PrivateRedis
 
@@ -54,11 +55,10 @@ def publish_policy(
     )
     snapshot = make_snapshot(nodes, version=version, params=LeastLoadParams())
     client = redis.Redis.from_url(redis_url)
-    client.set(keys.policy_current, encode(snapshot))
-    client.publish(
-        keys.policy_channel, encode(PolicyAnnouncement(SCHEMA_VERSION, version, snapshot.checksum))
-    )
-    client.close()
+    try:
+        assert write_snapshot(client, keys, snapshot), "Redis holds a newer snapshot"
+    finally:
+        client.close()
 
 
 def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gateway") -> str:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from routing.algorithms import REGISTRY
-from routing.algorithms.base import AlgorithmInfo
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -133,7 +133,7 @@ class TestInternalErrors:
         def broken(view, request):
             raise RuntimeError("secret internals")
 
-        registry = {**REGISTRY, "round_robin": AlgorithmInfo("round_robin", broken)}
+        registry = {**REGISTRY, "round_robin": replace(REGISTRY["round_robin"], choose=broken)}
         await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
         async with running_gateway(gateway_config(redis_keys, redis_url), registry=registry) as gateway:
             client = gateway.http

@@ -9,8 +9,8 @@ import pytest
 import redis
 from rest_framework.test import APIClient
 
+from controlplane.connections import redis_client
 from controlplane.fleet.models import Node, Region
-from controlplane.policies.publishing import redis_client
 from routing.contract import RedisKeys
 from telemetry.probes import NodeHTTP
 from tests.telemetry.stubs import StubNode

@@ -31,7 +31,8 @@ class Migration(migrations.Migration):
         ("auth", "0012_alter_user_first_name_max_length"),
         ("contenttypes", "0002_remove_content_type_name"),
         ("fleet", "0002_operator_and_viewer_groups"),
-        ("policies", "0001_initial"),
+        # policies/0001 refers to "fleet.model" and must run before the rename: it says so itself
+        # (``run_before``), so the fleet's migrations depend on nothing above the fleet.
     ]
 
     operations = [

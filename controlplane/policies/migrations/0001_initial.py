@@ -9,6 +9,10 @@ class Migration(migrations.Migration):
 
     initial = True
 
+    # It names the fleet's model by its old name ("fleet.model"): it must run before the rename.
+    # Declared here rather than in fleet/0003 so the fleet's migrations depend on nothing above it.
+    run_before = [('fleet', '0003_rename_model_llmmodel')]
+
     dependencies = [
         ('fleet', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

@@ -7,7 +7,7 @@ import os
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from controlplane.fleet.accounts import OPERATORS, VIEWERS, Account, ensure_account
+from controlplane.accounts import OPERATORS, VIEWERS, Account, ensure_account
 
 
 class Command(BaseCommand):

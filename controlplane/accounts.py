@@ -19,19 +19,21 @@ from django.db import transaction
 
 OPERATORS = "operators"
 VIEWERS = "viewers"
-# Apps whose every permission operators get (add/change/delete/view and policies' publish).
+# Apps whose every permission operators get (add/change/delete/view and policies' publish). Labels,
+# not imports: core names the apps but does not depend on them. Each app's own migration grants
+# its permissions (``sync_groups(apps, ("policies",))``); a new app adds its label here too.
 OPERATOR_APPS = ("fleet", "policies")
 
 
-def sync_groups(apps: Apps = global_apps) -> None:
-    """Create both groups and grant their permissions. Idempotent; safe inside a migration.
+def sync_groups(apps: Apps = global_apps, labels: tuple[str, ...] = OPERATOR_APPS) -> None:
+    """Create both groups and grant them the permissions of ``labels``' apps. Idempotent.
 
-    Permissions are normally created after ``migrate`` (post_migrate); a data migration runs
-    before that, so they are created here first. Permissions an admin added by hand stay. An app
-    that joins ``OPERATOR_APPS`` later calls this from a migration of its own; apps not yet in
-    ``apps`` (an older migration state) are skipped.
+    Safe inside a migration: permissions are normally created after ``migrate`` (post_migrate); a
+    data migration runs before that, so they are created here first. Permissions an admin added by
+    hand stay. Apps not yet in ``apps`` (an older migration state) are skipped; their own
+    migration grants them later.
     """
-    for label in OPERATOR_APPS:
+    for label in labels:
         try:
             app_config = apps.get_app_config(label)
         except LookupError:
@@ -45,7 +47,7 @@ def sync_groups(apps: Apps = global_apps) -> None:
             app_config.models_module = had_module
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
-    operator_perms = Permission.objects.filter(content_type__app_label__in=OPERATOR_APPS)
+    operator_perms = Permission.objects.filter(content_type__app_label__in=labels)
     operators, _ = Group.objects.get_or_create(name=OPERATORS)
     operators.permissions.add(*operator_perms)
     viewers, _ = Group.objects.get_or_create(name=VIEWERS)

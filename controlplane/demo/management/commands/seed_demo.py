@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import models, transaction
 
-from controlplane.fleet.accounts import OPERATORS, ensure_account
+from controlplane.accounts import OPERATORS, ensure_account
 from controlplane.fleet.management.commands.createoperator import write_account
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import AlgorithmChoices

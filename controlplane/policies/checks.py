@@ -1,0 +1,51 @@
+"""System checks of the policies app (``manage.py check`` and every server start run them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.core import checks
+
+from routing.algorithms import REGISTRY
+from routing.algorithms.base import AlgorithmInfo
+from routing.contract import ALGORITHMS
+
+
+def algorithm_registry_errors(
+    registry: Mapping[str, AlgorithmInfo], algorithms: Iterable[str]
+) -> list[checks.CheckMessage]:
+    """Errors when the gateway's registry and the contract's algorithms disagree."""
+    algorithms = set(algorithms)
+    errors: list[checks.CheckMessage] = []
+    missing = sorted(algorithms - set(registry))
+    if missing:
+        errors.append(
+            checks.Error(
+                f"routing.algorithms.REGISTRY has no function for: {', '.join(missing)}",
+                hint="Add the algorithm module's INFO to REGISTRY in routing/algorithms/__init__.py.",
+                id="policies.E001",
+            )
+        )
+    unknown = sorted(set(registry) - algorithms)
+    if unknown:
+        errors.append(
+            checks.Error(
+                f"routing.algorithms.REGISTRY has algorithms the contract does not: {', '.join(unknown)}",
+                hint="Add the params struct to AlgorithmParams in routing/contract.py.",
+                id="policies.E002",
+            )
+        )
+    misnamed = sorted(key for key, info in registry.items() if key != info.name)
+    if misnamed:
+        errors.append(
+            checks.Error(
+                f"routing.algorithms.REGISTRY keys differ from their params' tags: {', '.join(misnamed)}",
+                id="policies.E003",
+            )
+        )
+    return errors
+
+
+def check_algorithm_registry(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return algorithm_registry_errors(REGISTRY, ALGORITHMS)

@@ -1,0 +1,26 @@
+"""Republish the active policy whenever the fleet changes (``fleet_changed``, sent after commit).
+
+A failed republish (Redis down, policy no longer valid for the new fleet) never fails the fleet
+change itself: it is logged, and the periodic reconcile task publishes once Redis is back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.dispatch import receiver
+
+from controlplane.fleet.signals import fleet_changed
+from controlplane.policies.publishing import PublishError, republish_active
+
+log = logging.getLogger(__name__)
+
+
+@receiver(fleet_changed)
+def republish_on_fleet_change(sender, reason: str, **kwargs) -> None:
+    try:
+        republish_active(reason)
+    except PublishError as exc:
+        log.warning("fleet change (%s) not yet published: %s", reason, exc)
+    except Exception:
+        log.exception("fleet change (%s) could not be published", reason)
