@@ -80,6 +80,8 @@ class Gateway:
         self.tokenizers = Tokenizers()
         self.index = KVAwareIndex(self.prefix_index, self.kv_events)
         self._background: set[asyncio.Task[None]] = set()
+        self._kv_report_stop = asyncio.Event()
+        self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self.runtime: Runtime | None = None
@@ -184,6 +186,10 @@ class Gateway:
         await store.start()
         request_log.start()
         await sharing.start()
+        self._kv_report = asyncio.get_running_loop().create_task(
+            self.kv_events.report(redis, keys, config.gateway_id, config.region, self._kv_report_stop),
+            name="gorgo-kv-state-report",
+        )
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
         # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
         # collection ran every ~18 requests (~4% of CPU, 0.1-0.7 ms pauses). Refcounting frees
@@ -205,6 +211,9 @@ class Gateway:
             return
         await runtime.store.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
+        self._kv_report_stop.set()
+        if self._kv_report is not None:
+            await run_bounded(self._kv_report, 3.0, "gorgo-kv-state-report")
         await run_bounded(self.kv_events.close(), 3.0, "gorgo-kv-events-stop")
         self.tokenizers.close()
         await runtime.request_log.close()

@@ -91,6 +91,11 @@ class RedisKeys:
         """STREAM: ``PrefixUpdate`` batches (field ``u``) so gateways share their prefix indexes."""
         return f"{self.prefix}:prefix:updates"
 
+    @property
+    def kv_state(self) -> str:
+        """HASH: gateway id -> ``GatewayKVState`` (JSON): each node's prefix-index mode and event lag."""
+        return f"{self.prefix}:kv:state"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"
@@ -430,6 +435,26 @@ class GatewayLoad(msgspec.Struct, frozen=True):
     outstanding_prefill_tokens: dict[int, int]
 
 
+class NodeKVState(msgspec.Struct, frozen=True):
+    """How one gateway indexes one node that publishes KV events."""
+
+    mode: Literal["precise", "approximate"]
+    lag_s: float | None = None  # age of the node's last event batch on arrival
+    blocks: int = 0
+    gaps: int = 0
+    received: int = 0
+
+
+class GatewayKVState(msgspec.Struct, frozen=True):
+    """One gateway's view of the nodes with KV events (for the dashboard), refreshed every 2 s."""
+
+    schema_version: int
+    gateway_id: str
+    region: str
+    updated_at: float
+    nodes: dict[int, NodeKVState]
+
+
 class PrefixUpdate(msgspec.Struct, frozen=True):
     """Chunk hashes one gateway inserted into its prefix index for a node."""
 
@@ -482,6 +507,7 @@ _VERSIONED = frozenset(
         RTTTable,
         RequestRecord,
         GatewayLoad,
+        GatewayKVState,
         PrefixUpdate,
     }
 )

@@ -41,6 +41,7 @@ import zmq.asyncio
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from routing.contract import SCHEMA_VERSION, GatewayKVState, NodeKVState, RedisKeys, encode
 from routing.precise_index import PreciseIndex
 
 logger = logging.getLogger("routing.kv_events")
@@ -49,6 +50,7 @@ Mode = Literal["precise", "approximate"]
 MAX_LAG_S = 5.0  # events older than this on arrival: the node is treated as approximate
 RESYNC_S = 30.0  # after an unrecoverable gap, approximate for this long while the index refills
 REPLAY_TIMEOUT_S = 2.0
+STATE_INTERVAL_S = 2.0  # how often a gateway reports its nodes' modes for the dashboard
 END_SEQ = -1
 
 
@@ -424,6 +426,46 @@ class KVEvents:
                 subscriber = NodeSubscriber(node_id, source, self.index, self._ctx, clock=self._clock)
                 self.subscribers[node_id] = subscriber
                 subscriber.start()
+
+    def state(self, gateway_id: str, region: str) -> GatewayKVState:
+        """This gateway's view of every node it subscribes to (what the dashboard shows)."""
+        now = self._clock()
+        return GatewayKVState(
+            schema_version=SCHEMA_VERSION,
+            gateway_id=gateway_id,
+            region=region,
+            updated_at=now,
+            nodes={
+                node_id: NodeKVState(
+                    mode=subscriber.mode(now),
+                    lag_s=subscriber.stats.last_lag_s,
+                    blocks=self.index.blocks(node_id),
+                    gaps=subscriber.stats.gaps,
+                    received=subscriber.stats.received,
+                )
+                for node_id, subscriber in self.subscribers.items()
+            },
+        )
+
+    async def report(
+        self, redis: Any, keys: RedisKeys, gateway_id: str, region: str, stop: asyncio.Event
+    ) -> None:
+        """Every ``STATE_INTERVAL_S``, HSET this gateway's view (best effort; until ``stop``)."""
+        failing = False
+        while not stop.is_set():
+            try:
+                async with asyncio.timeout(STATE_INTERVAL_S):
+                    await redis.hset(keys.kv_state, gateway_id, encode(self.state(gateway_id, region)))
+                failing = False
+            except Exception as exc:  # Redis down: the dashboard shows no mode meanwhile
+                if not failing:
+                    logger.warning("cannot report KV-index state to Redis: %s", exc)
+                failing = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), STATE_INTERVAL_S)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await redis.hdel(keys.kv_state, gateway_id)
 
     async def close(self) -> None:
         await self.sync({})

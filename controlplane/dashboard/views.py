@@ -110,11 +110,16 @@ class BreakdownPage(DashboardPage):
 
 
 class CachePage(DashboardPage):
-    """Prefix-cache hit rate and KV usage per node; routed vs hit tokens."""
+    """Prefix-cache hit rate and KV usage per node; routed vs hit tokens; each node's index mode."""
 
     template_name = "dashboard/cache.html"
     page = "cache"
     uses_window = True
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["nodes"] = pagedata.node_rows()
+        return context
 
 
 class NodesPage(DashboardPage):
