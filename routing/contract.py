@@ -422,6 +422,10 @@ class RequestRecord(msgspec.Struct, frozen=True):
     error: str | None = None
     cost: CostTerms | None = None
     runner_up: CostTerms | None = None
+    # The prefix index's prediction for the chosen node, and whether it came from the node's KV
+    # events ("precise") or the approximate index; compare with cached_tokens.
+    prefix_index_mode: str | None = None
+    predicted_cached_tokens: int | None = None
 
 
 class GatewayLoad(msgspec.Struct, frozen=True):

@@ -87,11 +87,14 @@ class KVAwareIndex:
                 keys = block_keys(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
                 self._last_keys[block_size] = keys
                 matched = index.match_keys(keys, nodes, block_size)
+                trust = self.approx.trust
                 for node_id in nodes:
                     pending = self._pending_match(node_id, keys, now) * block_size
                     tokens = max(matched.get(node_id, 0), pending)
                     if tokens:
-                        result[node_id] = tokens
+                        # Exact when decided; a node that thrashes may evict it before the
+                        # request is admitted (its queue), which the trust feedback measures.
+                        result[node_id] = int(tokens * trust(node_id, now))
         self._last_matched = result
         return result
 
@@ -132,9 +135,9 @@ class KVAwareIndex:
     def observe(
         self, node_id: int, predicted_fraction: float, observed_fraction: float, now_s: float
     ) -> None:
-        # Trust is the approximate index's correction; events need none.
-        if self.events.mode(node_id, now_s) != "precise":
-            self.approx.observe(node_id, predicted_fraction, observed_fraction, now_s)
+        # One trust per node, whichever index predicted: a precise prediction is exact when made,
+        # but a node whose queue evicts before admission still falls short (miss-snowball guard).
+        self.approx.observe(node_id, predicted_fraction, observed_fraction, now_s)
 
     def record_outcome(self, node_id: int, mode: Mode, predicted_tokens: int, actual_tokens: int) -> None:
         totals = self.cached_tokens[(node_id, mode)]

@@ -544,6 +544,8 @@ class Proxy:
                     error=exchange.error,
                     cost=decision.cost if decision is not None else None,
                     runner_up=decision.runner_up if decision is not None else None,
+                    prefix_index_mode=prediction[1] if prediction is not None else None,
+                    predicted_cached_tokens=prediction[2] if prediction is not None else None,
                 )
             )
         except Exception:
