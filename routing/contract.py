@@ -422,7 +422,8 @@ class RequestRecord(msgspec.Struct, frozen=True):
     error: str | None = None
     cost: CostTerms | None = None
     runner_up: CostTerms | None = None
-    # The prefix index's prediction for the chosen node, and whether it came from the node's KV
+    # The prefix index's prediction for the chosen node (what it says the node holds, before the
+    # trust discount that cost.matched_tokens carries), and whether it came from the node's KV
     # events ("precise") or the approximate index; compare with cached_tokens.
     prefix_index_mode: str | None = None
     predicted_cached_tokens: int | None = None

@@ -23,13 +23,20 @@ from array import array
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
+from xxhash import xxh3_64_intdigest
+
 from routing.contract import NodeSpec
 from routing.kv_events import KVEvents, Mode
-from routing.precise_index import block_keys
+from routing.precise_index import block_keys, extend_block_keys
 from routing.prefix_index import ApproxPrefixIndex
 
-PENDING_S = 5.0
+PENDING_S = 2.0
 PENDING_MAX_PER_NODE = 256  # prompts remembered per node while their events are on the way
+# Block keys of recent prompts, found again by a digest of their first ANCHOR_BLOCKS * k blocks:
+# a new turn repeats its system prompt and history, so only its new blocks are keyed (~5 us a
+# 64-block probe instead of ~0.2 us per block for all of them).
+ANCHOR_BLOCKS = 64
+KEY_CACHE_PROMPTS = 256
 
 
 class KVAwareIndex:
@@ -42,11 +49,16 @@ class KVAwareIndex:
         self.events = events
         self._clock = clock
         # node -> (last key of a prompt sent there -> expiry); keys chain, so the last names it all
-        self._pending: dict[int, OrderedDict[int, tuple[float, tuple[int, ...]]]] = defaultdict(OrderedDict)
+        # node -> (last key of a prompt sent there -> (expiry, its keys, first block it did not hold))
+        self._pending: dict[int, OrderedDict[int, tuple[float, tuple[int, ...], int]]] = defaultdict(
+            OrderedDict
+        )
+        self._last_held: dict[int, int] = {}  # node -> blocks the events showed held (last match)
         self._last_keys: dict[int, list[int]] = {}  # block size -> keys of the current prompt
         self._last_modes: dict[int, Mode] = {}
-        self._last_matched: dict[int, int] = {}
+        self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
         self.last_prediction: tuple[int, Mode, int] | None = None  # node, mode, predicted tokens
+        self._key_cache: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()
         # node -> mode -> [predicted tokens, actual tokens]
         self.cached_tokens: dict[tuple[int, Mode], list[int]] = defaultdict(lambda: [0, 0])
 
@@ -78,25 +90,55 @@ class KVAwareIndex:
         self._last_modes = modes
         self._last_keys = {}
         result = self.approx.match(tuple(approx_nodes), prompt_text) if approx_nodes else {}
+        trust = self.approx.trust
+        # What each index says the node holds, before the trust discount (the prediction the
+        # request record and the metrics compare with the node's cached tokens).
+        raw = {node_id: int(tokens / max(trust(node_id, now), 1e-3)) for node_id, tokens in result.items()}
         if precise_nodes and prompt_ids is not None:
             index = events.index
             by_size: dict[int, list[int]] = defaultdict(list)
             for node_id in precise_nodes:
                 by_size[index.block_size(node_id) or 16].append(node_id)
             for block_size, nodes in by_size.items():
-                keys = block_keys(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
+                keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
                 self._last_keys[block_size] = keys
                 matched = index.match_keys(keys, nodes, block_size)
-                trust = self.approx.trust
                 for node_id in nodes:
+                    self._last_held[node_id] = matched.get(node_id, 0) // block_size
                     pending = self._pending_match(node_id, keys, now) * block_size
                     tokens = max(matched.get(node_id, 0), pending)
                     if tokens:
+                        raw[node_id] = tokens
                         # Exact when decided; a node that thrashes may evict it before the
                         # request is admitted (its queue), which the trust feedback measures.
                         result[node_id] = int(tokens * trust(node_id, now))
-        self._last_matched = result
+        self._last_matched = raw
         return result
+
+    def _keys_for(self, prompt_ids: array, block_size: int, num_blocks: int) -> list[int]:
+        """The prompt's block keys, reusing those of an earlier prompt with the same beginning."""
+        if num_blocks < ANCHOR_BLOCKS:
+            return block_keys(prompt_ids, block_size, num_blocks)
+        data = memoryview(prompt_ids).cast("B")
+        anchor_bytes = ANCHOR_BLOCKS * block_size * 4
+        cache = self._key_cache
+        anchors = num_blocks // ANCHOR_BLOCKS
+        known: list[int] = []
+        for anchor in range(anchors, 0, -1):
+            digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
+            cached = cache.get((block_size, anchor, digest))
+            if cached is not None:
+                cache.move_to_end((block_size, anchor, digest))
+                known = cached[: anchor * ANCHOR_BLOCKS]
+                break
+        keys = known[:]
+        extend_block_keys(keys, prompt_ids, block_size, num_blocks)
+        for anchor in range(len(known) // ANCHOR_BLOCKS + 1, anchors + 1):
+            digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
+            cache[(block_size, anchor, digest)] = keys
+        while len(cache) > KEY_CACHE_PROMPTS * 4:
+            cache.popitem(last=False)
+        return keys
 
     def insert(self, node_id: int, prompt_text: str) -> None:
         self.approx.insert(node_id, prompt_text)
@@ -105,9 +147,10 @@ class KVAwareIndex:
         if mode != "precise":
             return
         keys = self._last_keys.get(self.events.index.block_size(node_id) or 16)
-        if keys:
+        held = self._last_held.get(node_id, 0)
+        if keys and held < len(keys):
             pending = self._pending[node_id]
-            pending[keys[-1]] = (self._clock() + PENDING_S, tuple(keys))
+            pending[keys[-1]] = (self._clock() + PENDING_S, tuple(keys), held)
             pending.move_to_end(keys[-1])
             while len(pending) > PENDING_MAX_PER_NODE:
                 pending.popitem(last=False)
@@ -122,7 +165,13 @@ class KVAwareIndex:
                 break
             pending.popitem(last=False)
         best = 0
-        for _expiry, sent in pending.values():
+        holds = self.events.index.holds
+        confirmed = []
+        for last_key, (_expiry, sent, first_new) in pending.items():
+            if holds(node_id, sent[first_new]):
+                # The node is computing it: from now on its events say what it holds (and evicts).
+                confirmed.append(last_key)
+                continue
             limit = min(len(sent), len(keys))
             if limit <= best or sent[0] != keys[0]:
                 continue
@@ -130,6 +179,8 @@ class KVAwareIndex:
             while common < limit and sent[common] == keys[common]:
                 common += 1
             best = max(best, common)
+        for last_key in confirmed:
+            del pending[last_key]
         return best
 
     def observe(

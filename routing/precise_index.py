@@ -47,6 +47,21 @@ def block_keys(token_ids: Sequence[int], block_size: int, max_blocks: int | None
     return keys
 
 
+def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int) -> None:
+    """Append to ``keys`` (the keys of the first ``len(keys)`` blocks) up to ``num_blocks`` keys."""
+    start_block = len(keys)
+    if num_blocks <= start_block:
+        del keys[num_blocks:]
+        return
+    data = memoryview(array("I", token_ids[start_block * block_size : num_blocks * block_size]).tobytes())
+    step = block_size * 4
+    parent = keys[-1] if keys else ROOT_KEY
+    append = keys.append
+    for start in range(0, (num_blocks - start_block) * step, step):
+        parent = _hash(data[start : start + step], parent)
+        append(parent)
+
+
 class _NodeBlocks:
     """One node's blocks: engine hash -> content key, and the node's slot in the masks."""
 
@@ -178,7 +193,13 @@ class PreciseIndex:
         return node is not None and bool(self._holders.get(key, 0) >> node.bit & 1)
 
     def match_keys(self, keys: Sequence[int], node_ids: Iterable[int], block_size: int) -> dict[int, int]:
-        """Node id -> cached prefix tokens (leading blocks held), for the given nodes that hold any."""
+        """Node id -> cached prefix tokens (leading blocks held), for the given nodes that hold any.
+
+        vLLM frees a request's blocks tail first and evicts the least recently freed, so a block is
+        evicted after every block that extends it: what a node holds of one prompt is a prefix of
+        its blocks, and the longest held prefix is found by bisection (a dict lookup and an AND
+        per step for all nodes at once), as in the approximate index.
+        """
         nodes = self._nodes
         mask = 0
         slot_node: dict[int, int] = {}
@@ -188,24 +209,26 @@ class PreciseIndex:
                 mask |= 1 << node.bit
                 slot_node[node.bit] = node_id
         result: dict[int, int] = {}
-        if not mask:
+        if not mask or not keys:
             return result
         holders = self._holders
-        for index, key in enumerate(keys):
-            held = holders.get(key, 0) & mask
-            gone = mask & ~held
-            if gone:
-                if index:
-                    while gone:
-                        bit = gone & -gone
-                        gone ^= bit
-                        result[slot_node[bit.bit_length() - 1]] = index * block_size
-                mask = held
-                if not mask:
-                    return result
-        matched = len(keys) * block_size
-        while mask:
-            bit = mask & -mask
-            mask ^= bit
-            result[slot_node[bit.bit_length() - 1]] = matched
+        pending = holders.get(keys[0], 0) & mask
+        high = len(keys)  # every pending node holds block 0 and none holds block `high`
+        while pending:
+            low = high - 1
+            if not holders.get(keys[low], 0) & pending:
+                low, top = 0, low
+                while top - low > 1:
+                    mid = (low + top) >> 1
+                    if holders.get(keys[mid], 0) & pending:
+                        low = mid
+                    else:
+                        top = mid
+            found = holders[keys[low]] & pending
+            pending ^= found
+            while found:
+                bit = found & -found
+                found ^= bit
+                result[slot_node[bit.bit_length() - 1]] = (low + 1) * block_size
+            high = low
         return result
