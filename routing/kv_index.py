@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 
 from xxhash import xxh3_64_intdigest
@@ -54,6 +54,11 @@ class KVAwareIndex:
             OrderedDict
         )
         self._last_held: dict[int, int] = {}  # node -> blocks the events showed held (last match)
+        # node -> (expiry, text chunk hashes) of prompts sent there before their tokens were known
+        # (a long new segment is tokenized after the decision): in flight all the same.
+        self._text_pending: dict[int, deque[tuple[float, tuple[int, ...]]]] = defaultdict(
+            lambda: deque(maxlen=PENDING_MAX_PER_NODE)
+        )
         self._last_keys: dict[int, list[int]] = {}  # block size -> keys of the current prompt
         self._last_modes: dict[int, Mode] = {}
         self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
@@ -96,6 +101,9 @@ class KVAwareIndex:
         raw = {node_id: int(tokens / max(trust(node_id, now), 1e-3)) for node_id, tokens in result.items()}
         if precise_nodes and prompt_ids is not None:
             index = events.index
+            text_hashes: list[int] | None = None
+            if any(self._text_pending.get(node_id) for node_id in precise_nodes):
+                text_hashes = self.approx.chunk_hashes(prompt_text)
             by_size: dict[int, list[int]] = defaultdict(list)
             for node_id in precise_nodes:
                 by_size[index.block_size(node_id) or 16].append(node_id)
@@ -106,6 +114,16 @@ class KVAwareIndex:
                 for node_id in nodes:
                     self._last_held[node_id] = matched.get(node_id, 0) // block_size
                     pending = self._pending_match(node_id, keys, now) * block_size
+                    if (
+                        text_hashes is not None
+                        and not matched.get(node_id)
+                        and self._text_pending.get(node_id)
+                    ):
+                        # Only until the node's events show any of it: then they speak for it.
+                        chunks = self._text_pending_match(node_id, text_hashes, now)
+                        pending = max(
+                            pending, min(len(prompt_ids) - 1, int(chunks * self.approx.chunk_tokens))
+                        )
                     tokens = max(matched.get(node_id, 0), pending)
                     if tokens:
                         raw[node_id] = tokens
@@ -145,6 +163,12 @@ class KVAwareIndex:
         mode = self._last_modes.get(node_id, "approximate")
         self.last_prediction = (node_id, mode, self._last_matched.get(node_id, 0))
         if mode != "precise":
+            now = self._clock()
+            if self.events.mode(node_id, now) == "precise":
+                # A precise node routed on estimates (the prompt's tokens were not known yet).
+                self._text_pending[node_id].append(
+                    (now + PENDING_S, tuple(self.approx.chunk_hashes(prompt_text)))
+                )
             return
         keys = self._last_keys.get(self.events.index.block_size(node_id) or 16)
         held = self._last_held.get(node_id, 0)
@@ -154,6 +178,20 @@ class KVAwareIndex:
             pending.move_to_end(keys[-1])
             while len(pending) > PENDING_MAX_PER_NODE:
                 pending.popitem(last=False)
+
+    def _text_pending_match(self, node_id: int, hashes: list[int], now: float) -> int:
+        """Chunks of this prompt's text shared with one sent to the node in the last PENDING_S."""
+        entries = self._text_pending[node_id]
+        while entries and entries[0][0] <= now:
+            entries.popleft()
+        best = 0
+        for _expiry, sent in entries:
+            limit = min(len(sent), len(hashes))
+            common = 0
+            while common < limit and sent[common] == hashes[common]:
+                common += 1
+            best = max(best, common)
+        return best
 
     def _pending_match(self, node_id: int, keys: list[int], now: float) -> int:
         pending = self._pending.get(node_id)

@@ -215,7 +215,7 @@ class Proxy:
         node_ids = tuple(node.id for node in candidates)
         if not uses_index:
             matched: dict[int, int] = {}
-        elif prompt_ids is not None:
+        elif prompt_ids is not None and prompt_ids.complete:
             matched = self._prefix_index.match(node_ids, prompt_text, prompt_ids.ids)
         else:
             matched = self._prefix_index.match(node_ids, prompt_text)

@@ -74,3 +74,14 @@ def test_a_prompt_sent_to_a_node_counts_as_held_until_its_events_arrive() -> Non
     assert index.match([1], "text", prompt) == {1: 48}
     clock[0] += 10
     assert index.match([1], "text", prompt) == {1: 48}
+
+
+def test_a_prompt_routed_before_its_tokens_were_known_still_counts_as_in_flight() -> None:
+    precise = PreciseIndex()
+    index = KVAwareIndex(ApproxPrefixIndex(), _Events(precise))  # type: ignore[arg-type]
+    text = "system prompt words " * 100
+    assert index.match([1, 2], text) == {}  # no ids yet (a long new segment): estimated
+    index.insert(1, text)
+    prompt = array("I", tokens(5, 16 * 20 + 1))
+    matched = index.match([1, 2], text, prompt)  # tokenized now; node 1 is still computing it
+    assert set(matched) == {1} and matched[1] > 0
