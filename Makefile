@@ -64,6 +64,7 @@ bench: install
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/routing_decision.py && \
+	$(PY) benchmarks/kv_cache_pressure.py && \
 	$(PY) benchmarks/routing_quality.py
 
 clean:
