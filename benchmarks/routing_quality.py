@@ -36,7 +36,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write_snapshot
+from simulator.harness import free_port, stop_process_group, wait_until
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
@@ -125,13 +125,7 @@ class Proc:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        stop_process_group(self.popen)
 
 
 def spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None) -> Proc:
@@ -148,23 +142,9 @@ def spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str] | None 
     return Proc(name, popen, log_path)
 
 
-def wait_until(proc: Proc, ready: Any, timeout_s: float = 30.0) -> Any:
-    """Poll ``ready()`` until it returns something truthy; fail with the process log otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log()[-3000:]}")
-        value = ready()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"{proc.name} not ready after {timeout_s:.0f}s:\n{proc.log()[-3000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def wait_ready(proc: Proc, ready: Any, timeout_s: float = 30.0) -> Any:
+    """``wait_until`` for one of this run's processes, with its log in the failure."""
+    return wait_until(ready, timeout_s, what=f"{proc.name} ready", process=proc.popen, describe=proc.log)
 
 
 def answers(url: str) -> bool:
@@ -194,7 +174,7 @@ def start_fleet(workdir: Path) -> FleetProc:
             return None
         return json.loads(next(line for line in text.splitlines() if line.startswith("{")))
 
-    return FleetProc(proc, wait_until(proc, described)["nodes"])
+    return FleetProc(proc, wait_ready(proc, described)["nodes"])
 
 
 def start_gateways(
@@ -208,14 +188,15 @@ def start_gateways(
             "GORGO_GATEWAY_PORT": "0",
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
-            "GORGO_LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, "-m", "routing"], workdir, env))
     urls: dict[str, str] = {}
     pattern = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
     for region, proc in zip(regions, procs, strict=True):
-        url = wait_until(proc, lambda proc=proc: (m := pattern.search(proc.log())) and m.group(1))
-        wait_until(proc, lambda url=url: answers(f"{url}/healthz"))  # 200 once the policy is loaded
+        url = wait_ready(proc, lambda proc=proc: (m := pattern.search(proc.log())) and m.group(1))
+        wait_ready(proc, lambda url=url: answers(f"{url}/healthz"))  # 200 once the policy is loaded
         urls[region] = url
     return procs, urls
 
@@ -235,7 +216,7 @@ def start_peers(
         proc = spawn(f"vllm-router-{region}", argv, workdir)
         procs.append(proc)
         urls[region] = f"http://127.0.0.1:{port}"
-        wait_until(proc, lambda port=port: answers(f"http://127.0.0.1:{port}/health"))
+        wait_ready(proc, lambda port=port: answers(f"http://127.0.0.1:{port}/health"))
     return procs, urls
 
 

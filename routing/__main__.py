@@ -23,7 +23,7 @@ _FLAGS = {
     "redis_url": "REDIS_URL",
     "redis_prefix": "GORGO_REDIS_PREFIX",
     "gateway_id": "GORGO_GATEWAY_ID",
-    "log_level": "GORGO_LOG_LEVEL",
+    "log_level": "LOG_LEVEL",
 }
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", help="Redis URL (REDIS_URL)")
     parser.add_argument("--redis-prefix", help="Redis key prefix (GORGO_REDIS_PREFIX, default gorgo)")
     parser.add_argument("--gateway-id", help="id in request records (GORGO_GATEWAY_ID)")
-    parser.add_argument("--log-level", help="debug|info|warning|error (GORGO_LOG_LEVEL)")
+    parser.add_argument("--log-level", help="debug|info|warning|error|critical (LOG_LEVEL)")
     args = parser.parse_args(argv)
     for attribute, variable in _FLAGS.items():
         value = getattr(args, attribute)
@@ -58,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         port=config.port,
         workers=config.workers,
         loop="uvloop",
-        http="httptools",
+        # uvicorn's httptools protocol plus limits on heads, slow clients and connections.
+        http="routing.server:GuardedHttpToolsProtocol",
         lifespan="on",
         access_log=False,  # the request log and metrics cover it, at a fraction of the cost
         server_header=False,  # the node's Server header passes through
         log_level=config.log_level,
-        timeout_keep_alive=75,
+        timeout_keep_alive=max(1, round(config.client_keepalive_s)),
         proxy_headers=False,  # the gateway does not use the client address; skip the middleware
     )
     return 0

@@ -200,6 +200,29 @@ class RequestAggregate(models.Model):
         target = f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"region {self.region_id}"
         return f"{self.resolution} {target} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
 
+    @property
+    def error_rate(self) -> float | None:
+        return _ratio(self.errors, self.count)
+
+    @property
+    def network_known(self) -> float | None:
+        """Share of TTFTs with a known RTT."""
+        return _ratio(self.network_count, self.ttft_count)
+
+    @property
+    def node_stats_known(self) -> float | None:
+        """Share of TTFTs with the node's queue/prefill figures."""
+        return _ratio(self.node_stats_count, self.ttft_count)
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """cached_tokens / prompt_tokens."""
+        return _ratio(self.cached_tokens, self.prompt_tokens)
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole else None
+
 
 class ProcessedRequestEntry(models.Model):
     """A request-stream entry already added to the aggregates.

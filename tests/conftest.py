@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,16 +16,10 @@ import pytest
 import redis
 
 from routing.contract import RedisKeys
+from simulator.harness import free_port, run_checked, stop_process_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def delete_namespace(client: redis.Redis, prefix: str) -> None:
@@ -107,32 +99,22 @@ class ProcessGroup:
             )
         process = Process(name=name, popen=popen, log_path=log_path)
         self.processes[name] = process
-        deadline = time.monotonic() + timeout_s
-        while ready_url or ready_text:
-            if not process.alive():
-                raise RuntimeError(f"{name} exited with {popen.returncode}:\n{process.log()[-4000:]}")
-            if ready_text and ready_text in process.log():
-                break
-            if ready_url:
-                try:
-                    if httpx.get(ready_url, timeout=1.0).is_success:
-                        break
-                except httpx.HTTPError:
-                    pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready after {timeout_s}s:\n{process.log()[-4000:]}")
-            time.sleep(0.1)
+        if ready_url or ready_text:
+            wait_until(
+                lambda: (
+                    (ready_text is not None and ready_text in process.log())
+                    or (ready_url is not None and _answers(ready_url))
+                ),
+                timeout_s,
+                what=f"{name} ready",
+                interval_s=0.1,
+                process=popen,
+                describe=lambda: process.log()[-4000:],
+            )
         return process
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
-        process = self.processes.pop(name)
-        if process.alive():
-            os.killpg(process.popen.pid, sig)
-            try:
-                process.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait(5)
+        stop_process_group(self.processes.pop(name).popen, sig, timeout_s)
 
     def stop_all(self) -> None:
         for name in list(self.processes):
@@ -140,6 +122,13 @@ class ProcessGroup:
 
     def logs(self) -> str:
         return "\n".join(f"----- {p.name} -----\n{p.log()[-3000:]}" for p in self.processes.values())
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).is_success
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.fixture
@@ -175,17 +164,7 @@ class ControlPlane:
 
     def manage(self, *args: str) -> str:
         """Run a manage.py command against this control plane's database; return its stdout."""
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return run_checked([sys.executable, "manage.py", *args], cwd=ROOT, env={**os.environ, **self.env})
 
 
 @pytest.fixture

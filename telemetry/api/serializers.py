@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import msgspec
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.models import Node
 from routing.contract import NodeLiveState, RTTEntry
 from telemetry.aggregation import TOLERANCE_ABS_MS, TOLERANCE_REL, breakdown_of
 from telemetry.choices import HealthChoices
-from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import HealthEvent, MetricSample, NodeHealth, RequestAggregate, RTTSample
 
 
 class RTTFromRegionSerializer(serializers.Serializer):
@@ -32,131 +33,72 @@ class RTTFromRegionSerializer(serializers.Serializer):
         return {**msgspec.to_builtins(entry), "age_s": round(max(0.0, now - entry.updated_at), 3)}
 
 
-class LiveNodeSerializer(serializers.ModelSerializer):
+@dataclass(frozen=True, slots=True)
+class LiveNode:
+    """A node with what the workers measured: its health row and its live document (None: not yet)."""
+
+    node: Node
+    health: NodeHealth
+    live: NodeLiveState | None
+    rtt: list[dict]
+    last_scrape_age_s: float | None
+    last_probe_age_s: float | None
+
+    @classmethod
+    def of(cls, node: Node, context: dict) -> LiveNode:
+        now = context.get("now") or time.time()
+        live = context.get("live", {}).get(node.pk)
+        try:
+            health = node.health
+        except Node.health.RelatedObjectDoesNotExist:
+            health = NodeHealth(node=node)  # never judged: unknown, no reason
+        return cls(
+            node=node,
+            health=health,
+            live=live,
+            rtt=[RTTFromRegionSerializer.of(entry, now) for entry in context.get("rtt", {}).get(node.pk, [])],
+            last_scrape_age_s=_age_s(now, live.last_scrape_at if live is not None else None),
+            last_probe_age_s=_age_s(now, live.last_probe_at if live is not None else None),
+        )
+
+
+def _age_s(now: float, at: float | None) -> float | None:
+    return round(max(0.0, now - at), 3) if at is not None else None
+
+
+class LiveNodeSerializer(serializers.Serializer):
     """A node as the workers see it now: measured health, load, cache, RTT from every region.
 
     Live fields come from Redis (what the gateways read) and are null when not measured yet.
     """
 
-    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    health = serializers.SerializerMethodField()
-    health_changed_at = serializers.SerializerMethodField()
-    health_reason = serializers.SerializerMethodField()
-    scrape_failing = serializers.SerializerMethodField()
-    scrape_error = serializers.SerializerMethodField()
-    healthy = serializers.SerializerMethodField()
-    num_running = serializers.SerializerMethodField()
-    num_waiting = serializers.SerializerMethodField()
-    kv_cache_usage = serializers.SerializerMethodField()
-    prefix_hit_rate = serializers.SerializerMethodField()
-    last_scrape_age_s = serializers.SerializerMethodField()
-    last_probe_age_s = serializers.SerializerMethodField()
-    rtt = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Node
-        fields = [
-            "id",
-            "name",
-            "region",
-            "state",
-            "health",
-            "health_changed_at",
-            "health_reason",
-            "scrape_failing",
-            "scrape_error",
-            "healthy",
-            "num_running",
-            "num_waiting",
-            "kv_cache_usage",
-            "prefix_hit_rate",
-            "last_scrape_age_s",
-            "last_probe_age_s",
-            "rtt",
-        ]
-        read_only_fields = fields
-
-    def _health(self, node: Node):
-        try:
-            return node.health
-        except Node.health.RelatedObjectDoesNotExist:
-            return None
-
-    def _live(self, node: Node) -> NodeLiveState | None:
-        return self.context.get("live", {}).get(node.pk)
-
-    def _now(self) -> float:
-        return self.context.get("now") or time.time()
-
-    @extend_schema_field(serializers.ChoiceField(choices=HealthChoices.choices))
-    def get_health(self, node: Node) -> str:
-        row = self._health(node)
-        return row.health if row is not None else HealthChoices.UNKNOWN
-
-    @extend_schema_field(OpenApiTypes.DATETIME)
-    def get_health_changed_at(self, node: Node):
-        row = self._health(node)
-        return (
-            serializers.DateTimeField().to_representation(row.changed_at) if row and row.changed_at else None
-        )
-
-    def get_health_reason(self, node: Node) -> str:
-        row = self._health(node)
-        return row.reason if row is not None else ""
-
-    def get_scrape_failing(self, node: Node) -> bool:
-        row = self._health(node)
-        return bool(row and row.scrape_failing)
-
-    def get_scrape_error(self, node: Node) -> str:
-        row = self._health(node)
-        return row.scrape_error if row is not None else ""
-
-    @extend_schema_field(serializers.BooleanField(allow_null=True))
-    def get_healthy(self, node: Node) -> bool | None:
-        live = self._live(node)
-        return live.healthy if live is not None else None
-
-    @extend_schema_field(serializers.FloatField(allow_null=True))
-    def get_num_running(self, node: Node) -> float | None:
-        live = self._live(node)
-        return live.num_running if live is not None else None
-
-    @extend_schema_field(serializers.FloatField(allow_null=True))
-    def get_num_waiting(self, node: Node) -> float | None:
-        live = self._live(node)
-        return live.num_waiting if live is not None else None
-
-    @extend_schema_field(serializers.FloatField(allow_null=True, help_text="0..1"))
-    def get_kv_cache_usage(self, node: Node) -> float | None:
-        live = self._live(node)
-        return live.kv_cache_usage if live is not None else None
-
-    @extend_schema_field(
-        serializers.FloatField(allow_null=True, help_text="0..1, tokens, last scrape interval")
+    id = serializers.IntegerField(source="node.pk", read_only=True)
+    name = serializers.CharField(source="node.name", read_only=True)
+    region = serializers.CharField(source="node.region.slug", read_only=True)
+    state = serializers.ChoiceField(source="node.state", choices=NodeStateChoices.choices, read_only=True)
+    health = serializers.ChoiceField(source="health.health", choices=HealthChoices.choices, read_only=True)
+    health_changed_at = serializers.DateTimeField(source="health.changed_at", read_only=True, allow_null=True)
+    health_reason = serializers.CharField(source="health.reason", read_only=True)
+    scrape_failing = serializers.BooleanField(source="health.scrape_failing", read_only=True)
+    scrape_error = serializers.CharField(source="health.scrape_error", read_only=True)
+    healthy = serializers.BooleanField(source="live.healthy", read_only=True, allow_null=True)
+    num_running = serializers.FloatField(source="live.num_running", read_only=True, allow_null=True)
+    num_waiting = serializers.FloatField(source="live.num_waiting", read_only=True, allow_null=True)
+    kv_cache_usage = serializers.FloatField(
+        source="live.kv_cache_usage", read_only=True, allow_null=True, help_text="0..1"
     )
-    def get_prefix_hit_rate(self, node: Node) -> float | None:
-        live = self._live(node)
-        return live.prefix_hit_rate if live is not None else None
+    prefix_hit_rate = serializers.FloatField(
+        source="live.prefix_hit_rate",
+        read_only=True,
+        allow_null=True,
+        help_text="0..1, tokens, last scrape interval",
+    )
+    last_scrape_age_s = serializers.FloatField(read_only=True, allow_null=True)
+    last_probe_age_s = serializers.FloatField(read_only=True, allow_null=True)
+    rtt = RTTFromRegionSerializer(many=True, read_only=True)
 
-    @extend_schema_field(serializers.FloatField(allow_null=True))
-    def get_last_scrape_age_s(self, node: Node) -> float | None:
-        live = self._live(node)
-        if live is None or live.last_scrape_at is None:
-            return None
-        return round(max(0.0, self._now() - live.last_scrape_at), 3)
-
-    @extend_schema_field(serializers.FloatField(allow_null=True))
-    def get_last_probe_age_s(self, node: Node) -> float | None:
-        live = self._live(node)
-        if live is None or live.last_probe_at is None:
-            return None
-        return round(max(0.0, self._now() - live.last_probe_at), 3)
-
-    @extend_schema_field(RTTFromRegionSerializer(many=True))
-    def get_rtt(self, node: Node) -> list[dict]:
-        entries = self.context.get("rtt", {}).get(node.pk, [])
-        return [RTTFromRegionSerializer.of(entry, self._now()) for entry in entries]
+    def to_representation(self, node: Node) -> dict:
+        return super().to_representation(LiveNode.of(node, self.context))
 
 
 class MatrixNodeSerializer(serializers.Serializer):
@@ -243,11 +185,17 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     """One bucket of finished requests (per node or per gateway region)."""
 
     region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    error_rate = serializers.SerializerMethodField()
+    error_rate = serializers.FloatField(read_only=True, allow_null=True)
     breakdown = serializers.SerializerMethodField()
-    network_known = serializers.SerializerMethodField()
-    node_stats_known = serializers.SerializerMethodField()
-    cache_hit_rate = serializers.SerializerMethodField()
+    network_known = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Share of TTFTs with a known RTT."
+    )
+    node_stats_known = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Share of TTFTs with the node's queue/prefill figures."
+    )
+    cache_hit_rate = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="cached_tokens / prompt_tokens."
+    )
 
     class Meta:
         model = RequestAggregate
@@ -275,29 +223,7 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.FloatField(allow_null=True))
-    def get_error_rate(self, row: RequestAggregate) -> float | None:
-        return round(row.errors / row.count, 4) if row.count else None
-
     @extend_schema_field(BreakdownSerializer(allow_null=True))
     def get_breakdown(self, row: RequestAggregate) -> dict | None:
         breakdown = breakdown_of(row)
         return msgspec.to_builtins(breakdown) if breakdown is not None else None
-
-    @extend_schema_field(
-        serializers.FloatField(allow_null=True, help_text="Share of TTFTs with a known RTT.")
-    )
-    def get_network_known(self, row: RequestAggregate) -> float | None:
-        return round(row.network_count / row.ttft_count, 4) if row.ttft_count else None
-
-    @extend_schema_field(
-        serializers.FloatField(
-            allow_null=True, help_text="Share of TTFTs with the node's queue/prefill figures."
-        )
-    )
-    def get_node_stats_known(self, row: RequestAggregate) -> float | None:
-        return round(row.node_stats_count / row.ttft_count, 4) if row.ttft_count else None
-
-    @extend_schema_field(serializers.FloatField(allow_null=True, help_text="cached_tokens / prompt_tokens."))
-    def get_cache_hit_rate(self, row: RequestAggregate) -> float | None:
-        return round(row.cached_tokens / row.prompt_tokens, 4) if row.prompt_tokens else None

@@ -9,7 +9,6 @@ reaches the pages the browser has open.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REDIS_URL, ROOT, ProcessGroup, free_port
+from simulator.harness import free_port, run_checked
+from tests.conftest import REDIS_URL, ROOT, ProcessGroup
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -61,17 +61,7 @@ class DashboardServer:
         return self.run("manage.py", *args)
 
     def run(self, *argv: str) -> str:
-        result = subprocess.run(
-            [sys.executable, *argv],
-            cwd=ROOT,
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return run_checked([sys.executable, *argv], cwd=ROOT, env={**os.environ, **self.env})
 
 
 @pytest.fixture(scope="session")

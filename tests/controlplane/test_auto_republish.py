@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from controlplane.connections import redis_client
 from controlplane.fleet.models import Node
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from simulator.harness import free_port
 from tests.controlplane.support import LLAMA, live_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,10 +79,7 @@ def test_it_does_not_republish_an_unchanged_fleet(operator_client, fleet, live) 
 
 
 def test_it_keeps_the_fleet_change_when_redis_is_down(operator_client, fleet, live, settings) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     redis_client.cache_clear()
     node = fleet.nodes["us-east-2"]
     assert operator_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 200

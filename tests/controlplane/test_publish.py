@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from controlplane.connections import redis_client
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract
 from routing.contract import GorgoParams, PolicyAnnouncement
+from simulator.harness import free_port
 from tests.controlplane.support import LLAMA, live_snapshot
 
 
@@ -152,16 +151,10 @@ def test_it_never_writes_a_policy_that_was_always_invalid(
     assert not policy.is_active
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once the socket is closed
-
-
 def test_it_answers_503_and_records_nothing_when_redis_is_unreachable(
     operator_client, policy, settings
 ) -> None:
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     redis_client.cache_clear()
     response = publish(operator_client, policy)
     assert response.status_code == 503, response.content

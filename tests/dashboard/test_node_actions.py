@@ -22,7 +22,7 @@ def test_it_drains_a_node_records_who_and_republishes(
     fleet: Fleet,
     operator,
     redis_conn: redis.Redis,
-    dash_keys: RedisKeys,
+    cp_keys: RedisKeys,
 ) -> None:
     publish(policy, author=operator.user)
     node = fleet.nodes["eu-central-2"]
@@ -34,7 +34,7 @@ def test_it_drains_a_node_records_who_and_republishes(
     assert (entry.user, entry.object_repr) == (operator.user, "eu-central-2")
     assert entry.change_message == "state: active -> draining (dashboard)"
     assert "state: active -&gt; draining (dashboard)" in response.content.decode()  # listed on the page
-    snapshot = contract.decode(redis_conn.get(dash_keys.policy_current), PolicySnapshot)
+    snapshot = contract.decode(redis_conn.get(cp_keys.policy_current), PolicySnapshot)
     assert snapshot.version == 2
     assert {n.name: n.state for n in snapshot.nodes}["eu-central-2"] == "draining"
 

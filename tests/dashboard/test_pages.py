@@ -13,10 +13,10 @@ from controlplane.connections import redis_client
 from controlplane.policies.models import RoutingPolicy
 from routing import contract
 from routing.contract import NodeLiveState, RedisKeys, RTTEntry, RTTTable
-from tests.conftest import free_port
+from simulator.harness import free_port
 from tests.dashboard.conftest import Fleet
 
-PAGES = ["/", "/breakdown/", "/cache/", "/nodes/", "/policies/"]
+PAGES = ["/", "/breakdown/", "/cache/", "/nodes/", "/policies/", "/keys/"]
 
 
 def page_data(response) -> dict:
@@ -67,7 +67,7 @@ def test_it_refuses_a_wrong_password_with_a_message(client: Client, operator) ->
 
 @pytest.mark.django_db
 def test_it_embeds_the_live_state_the_workers_wrote(
-    viewer_client: Client, fleet: Fleet, redis_conn: redis.Redis, dash_keys: RedisKeys
+    viewer_client: Client, fleet: Fleet, redis_conn: redis.Redis, cp_keys: RedisKeys
 ) -> None:
     node = fleet.nodes["eu-central-1"]
     now = time.time()
@@ -82,7 +82,7 @@ def test_it_embeds_the_live_state_the_workers_wrote(
         prefix_hit_rate=0.8,
         last_scrape_at=now,
     )
-    redis_conn.hset(dash_keys.live_nodes, str(node.pk), contract.encode(state))
+    redis_conn.hset(cp_keys.live_nodes, str(node.pk), contract.encode(state))
     table = RTTTable(
         schema_version=contract.SCHEMA_VERSION,
         updated_at=now,
@@ -92,7 +92,7 @@ def test_it_embeds_the_live_state_the_workers_wrote(
             ),
         ),
     )
-    redis_conn.set(dash_keys.live_rtt, contract.encode(table))
+    redis_conn.set(cp_keys.live_rtt, contract.encode(table))
 
     data = page_data(viewer_client.get("/nodes/"))
 

@@ -11,7 +11,7 @@ from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from controlplane.policies.publishing import compile_policy, publish
 from routing import contract
 from routing.contract import PolicySnapshot, RedisKeys
-from tests.conftest import free_port
+from simulator.harness import free_port
 
 
 def live_snapshot(conn: redis.Redis, keys: RedisKeys) -> PolicySnapshot | None:
@@ -41,7 +41,7 @@ def test_it_shows_the_diff_against_the_live_version(
 
 @pytest.mark.django_db
 def test_it_publishes_the_reviewed_snapshot_with_its_author(
-    operator_client: Client, policy: RoutingPolicy, operator, redis_conn: redis.Redis, dash_keys: RedisKeys
+    operator_client: Client, policy: RoutingPolicy, operator, redis_conn: redis.Redis, cp_keys: RedisKeys
 ) -> None:
     checksum = compile_policy(policy).checksum
     response = operator_client.post(
@@ -50,14 +50,14 @@ def test_it_publishes_the_reviewed_snapshot_with_its_author(
     version = PolicyVersion.objects.get()
     assert (version.number, version.author, version.note) == (1, operator.user, "first light")
     assert messages_of(response) == ["Published version 1; the gateways switch to it now."]
-    snapshot = live_snapshot(redis_conn, dash_keys)
+    snapshot = live_snapshot(redis_conn, cp_keys)
     assert snapshot is not None and (snapshot.version, snapshot.checksum) == (1, checksum)
     assert 'id="publish-button" disabled' in response.content.decode()  # now live: nothing to publish
 
 
 @pytest.mark.django_db
 def test_it_refuses_to_publish_when_the_policy_changed_after_review(
-    operator_client: Client, policy: RoutingPolicy, redis_conn: redis.Redis, dash_keys: RedisKeys
+    operator_client: Client, policy: RoutingPolicy, redis_conn: redis.Redis, cp_keys: RedisKeys
 ) -> None:
     reviewed = compile_policy(policy).checksum
     RoutingPolicy.objects.filter(pk=policy.pk).update(params={"w_rtt": 9.0})
@@ -66,7 +66,7 @@ def test_it_refuses_to_publish_when_the_policy_changed_after_review(
         "The policy or the fleet changed after you reviewed the diff. Review it again."
     ]
     assert not PolicyVersion.objects.exists()
-    assert live_snapshot(redis_conn, dash_keys) is None
+    assert live_snapshot(redis_conn, cp_keys) is None
 
 
 @pytest.mark.django_db
@@ -95,7 +95,7 @@ def test_it_says_so_when_the_policy_is_already_live(
 
 @pytest.mark.django_db
 def test_it_rolls_back_to_an_earlier_version(
-    operator_client: Client, policy: RoutingPolicy, operator, redis_conn: redis.Redis, dash_keys: RedisKeys
+    operator_client: Client, policy: RoutingPolicy, operator, redis_conn: redis.Redis, cp_keys: RedisKeys
 ) -> None:
     publish(policy, author=operator.user)
     policy.params = {"w_rtt": 5.0}
@@ -105,7 +105,7 @@ def test_it_rolls_back_to_an_earlier_version(
     assert messages_of(response) == ["Published version 3; the gateways switch to it now."]
     v3 = PolicyVersion.objects.get(number=3)
     assert (v3.rolled_back_from.number, v3.author, v3.note) == (1, operator.user, "rollback to v1")
-    assert live_snapshot(redis_conn, dash_keys).policy.params.w_rtt == 1.0
+    assert live_snapshot(redis_conn, cp_keys).policy.params.w_rtt == 1.0
 
 
 @pytest.mark.django_db

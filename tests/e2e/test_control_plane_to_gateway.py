@@ -9,8 +9,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from simulator.harness import wait_until
 from tests.routing.support import MODEL
-from tests.routing.test_e2e_gateway import chat_node, client_for, start_fleet, start_gateway, wait_until
+from tests.routing.test_e2e_gateway import chat_node, client_for, start_fleet, start_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +57,11 @@ def test_it_routes_by_what_the_api_publishes(control_plane, processes, redis_url
 
         # Draining a node through the API republishes; the gateway stops sending to it, no restart.
         assert api.post(f"/nodes/{node_ids['us-east-1']}/drain/").status_code == 200
-        wait_until(lambda: {chat_node(client) for _ in range(4)} == {"us-east-2"})
+        wait_until(
+            lambda: {chat_node(client) for _ in range(4)} == {"us-east-2"},
+            10,
+            what="routing around the drain",
+        )
 
         # An invalid edit is refused with field errors, and what the gateway runs does not change.
         bad = api.patch(f"/policies/{policy_id}/", json={"algorithm": "gorgo", "params": {"w_rtt": -1}})
@@ -85,6 +90,6 @@ def test_it_routes_by_what_the_api_publishes(control_plane, processes, redis_url
             )
             return int(raw.headers["x-gorgo-policy-version"]) == new_version
 
-        wait_until(gateway_runs_new_version)
+        wait_until(gateway_runs_new_version, 10, what="the gateway on the new version")
         metrics = httpx.get(f"{gateway}/metrics").text
         assert f"gorgo_gateway_policy_version {float(new_version)}" in metrics, metrics

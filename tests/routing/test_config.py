@@ -30,7 +30,7 @@ class TestConfig:
             ("GORGO_GATEWAY_WORKERS", "0"),
             ("GORGO_MAX_BODY_BYTES", "-5"),
             ("GORGO_UPSTREAM_READ_TIMEOUT_S", "nan"),
-            ("GORGO_LOG_LEVEL", "verbose"),
+            ("LOG_LEVEL", "verbose"),
             ("REDIS_URL", "http://127.0.0.1:6379"),
             ("GORGO_REGION", "eu central"),
         ],
@@ -46,7 +46,7 @@ class TestConfig:
                 "GORGO_GATEWAY_PORT": "0",
                 "GORGO_MAX_BODY_BYTES": "2048",
                 "GORGO_UPSTREAM_CONNECT_TIMEOUT_S": "0.5",
-                "GORGO_LOG_LEVEL": "WARNING",
+                "LOG_LEVEL": "WARNING",
                 "GORGO_GATEWAY_ID": "gw-a",
             }
         )

@@ -18,6 +18,7 @@ import redis
 
 from routing.contract import LeastLoadParams, RedisKeys
 from routing.writer import write_snapshot
+from simulator.harness import wait_until
 from tests.routing.support import MODEL, make_node, make_snapshot
 from tests.routing.test_redis_outage import PrivateRedis
 
@@ -61,11 +62,20 @@ def publish_policy(
         client.close()
 
 
-def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gateway") -> str:
+def start_gateway(
+    processes, redis_url: str, keys: RedisKeys, name: str = "gateway", env: dict[str, str] | None = None
+) -> str:
     process = processes.start(
         name,
         [sys.executable, "-m", "routing", "--region", "us-east", "--port", "0"],
-        env={"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": keys.prefix, "GORGO_LOG_LEVEL": "info"},
+        # Auth off, explicitly: these tests are about routing (tests/e2e/test_client_keys.py: keys).
+        env={
+            "REDIS_URL": redis_url,
+            "GORGO_REDIS_PREFIX": keys.prefix,
+            "LOG_LEVEL": "info",
+            "GORGO_AUTH": "off",
+            **(env or {}),
+        },
         ready_text="Uvicorn running on",
     )
     port = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", process.log()).group(1)
@@ -74,13 +84,6 @@ def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gatew
 
 def client_for(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.05)
 
 
 def chat_node(client: openai.OpenAI) -> str:
@@ -132,7 +135,7 @@ class TestGatewayEndToEnd:
         assert {chat_node(client) for _ in range(6)} == {"us-east-1", "us-east-2"}
 
         publish_policy(redis_url, redis_keys, urls, version=2, draining=("us-east-1",))
-        wait_until(lambda: policy_version(client) == "2")
+        wait_until(lambda: policy_version(client) == "2", 10, what="the gateway on version 2")
         assert {chat_node(client) for _ in range(6)} == {"us-east-2"}
 
     def test_it_keeps_serving_while_redis_is_down(self, private_redis_server, processes):
@@ -143,7 +146,11 @@ class TestGatewayEndToEnd:
         client = client_for(gateway)
         assert chat_node(client) == "us-east-1"
         private_redis_server.stop()
-        wait_until(lambda: httpx.get(f"{gateway}/healthz").json()["redis_connected"] is False)
+        wait_until(
+            lambda: httpx.get(f"{gateway}/healthz").json()["redis_connected"] is False,
+            10,
+            what="the gateway seeing Redis gone",
+        )
         for _ in range(5):
             assert chat_node(client) == "us-east-1"
         health = httpx.get(f"{gateway}/healthz")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 
 import httpx
 import pytest
 
 from routing.algorithms import REGISTRY
+from simulator.harness import free_port
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -16,9 +16,7 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 def closed_port_url() -> str:
     """A URL nothing listens on (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def assert_openai_error(response: httpx.Response, status: int, error_type: str) -> dict:

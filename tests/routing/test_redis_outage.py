@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.contract import RedisKeys, RequestRecord, decode
-from tests.conftest import free_port
+from simulator.harness import free_port
 from tests.routing.support import (
     MODEL,
     gateway_config,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from routing.contract import SCHEMA_VERSION, RequestRecord, decode
 from routing.policy_store import make_redis
 from routing.requestlog import RequestLog
+from simulator.harness import free_port
 
 
 def record(index: int) -> RequestRecord:
@@ -51,9 +51,7 @@ class TestRequestLog:
         assert length < 2500  # MAXLEN ~ trims whole macro nodes, so "about" 10, not exactly
 
     async def test_it_drops_and_counts_when_redis_is_down(self, redis_keys):
-        with socket.socket() as sock:  # a port nobody listens on
-            sock.bind(("127.0.0.1", 0))
-            dead_url = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+        dead_url = f"redis://127.0.0.1:{free_port()}/0"  # a port nobody listens on
         client = make_redis(dead_url)
         log = RequestLog(client, redis_keys, maxlen=10, pending_max=3, flush_interval_s=0.01)
         for index in range(5):

@@ -16,7 +16,7 @@ from routing.algorithms.base import NodeLoad
 from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
 from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
-from tests.conftest import free_port
+from simulator.harness import free_port
 
 FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)
 
@@ -230,15 +230,26 @@ async def _switchable_proxy(redis_url: str) -> AsyncIterator[tuple[int, Callable
 
 
 async def test_it_stops_its_loops_without_cancelling_them(
-    client: aioredis.Redis, redis_keys: RedisKeys
+    client: aioredis.Redis, redis_keys: RedisKeys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # redis-py can hang when a command is cancelled midway: the loops must end on their own,
     # even the reader parked in a blocking XREAD.
+    in_xread = asyncio.Event()
+    real_xread = client.xread
+
+    async def xread(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_xread.set()
+        try:
+            return await real_xread(*args, **kwargs)
+        finally:
+            in_xread.clear()
+
+    monkeypatch.setattr(client, "xread", xread)
     sharing = gateway(client, redis_keys, "east", read_block_ms=200)
     await sharing.start()
     tasks = list(sharing._tasks)
     await eventually(lambda: sharing.connected and sharing._peer_load_at_s > 0)
-    await asyncio.sleep(0.05)  # the reader is now inside XREAD
+    await asyncio.wait_for(in_xread.wait(), timeout=5)  # the reader is inside XREAD (5 s: a bound only)
     await sharing.stop()
     assert all(task.done() for task in tasks)
     assert [task.get_name() for task in tasks if task.cancelled()] == []

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from simulator.control import serve_control
-from tests.conftest import free_port
+from simulator.harness import free_port
 from tests.simulator.conftest import FleetFactory
 
 

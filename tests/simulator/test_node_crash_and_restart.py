@@ -18,15 +18,20 @@ async def test_it_cuts_streams_in_flight_and_closes_the_port_on_a_crash(
     url = fleet.url("node-a")
     body = chat_body("Go on forever.", max_tokens=1000, ignore_eos=True, stream=True)
 
+    streaming = asyncio.Event()
+
     async def consume() -> str:
         async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    streaming.set()  # a token arrived: the stream is in flight
                 if "[DONE]" in line:
                     return "finished"
         return "ended without [DONE]"
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
+    # Crash once the stream is really in flight (not after a guessed sleep); 10 s is a bound only.
+    await asyncio.wait_for(streaming.wait(), timeout=10)
     await fleet.stop_node("node-a")
     with pytest.raises(httpx.HTTPError):
         await task  # the connection was dropped mid-body

@@ -30,6 +30,7 @@ class StubNode:
         self.health_status = 200
         self.health_requests = 0
         self.seen_regions: list[str] = []
+        self.applied_delays_ms: list[float] = []  # the delay each /health answer waited, in order
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +42,7 @@ class StubNode:
                     stub.health_requests += 1
                     stub.seen_regions.append(region)
                     delay_ms = stub.region_delays_ms.get(region, 0.0)
+                    stub.applied_delays_ms.append(delay_ms)
                     if delay_ms:
                         time.sleep(delay_ms / 1000.0)
                     self._reply(stub.health_status, b"")

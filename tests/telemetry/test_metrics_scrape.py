@@ -6,9 +6,9 @@ import pytest
 
 from routing import contract
 from routing.contract import NodeLiveState
+from simulator.harness import free_port
 from telemetry import rounds
 from telemetry.models import MetricSample, NodeHealth
-from tests.conftest import free_port
 from tests.telemetry.conftest import make_node, make_regions
 from tests.telemetry.stubs import metrics_text
 

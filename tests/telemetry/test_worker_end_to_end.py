@@ -25,6 +25,7 @@ import redis
 
 from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, NodeLiveState, RedisKeys, RTTTable
+from simulator.harness import wait_until
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.conftest import ROOT, ProcessGroup, delete_namespace
 
@@ -49,14 +50,8 @@ for name, url in {urls!r}.items():
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, processes: ProcessGroup) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with the processes' logs otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout_s}s waiting for {what}\n{processes.logs()}")
+    """``wait_until`` with the processes' logs in the failure."""
+    return wait_until(probe, timeout_s, what=what, interval_s=0.2, describe=processes.logs)
 
 
 def node_urls(log: str) -> dict[str, str]:

@@ -1,0 +1,78 @@
+"""Process and port helpers for the tests and the benchmarks (one copy; nothing here serves traffic).
+
+Both start real processes on loopback (nodes, gateways, the control plane), wait for them to be
+ready, and stop their whole process groups; this module is importable from both because the
+benchmarks run as scripts and only the installed packages are on their path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (nothing listens on it once returned)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(
+    ready: Callable[[], T],
+    timeout_s: float,
+    *,
+    what: str = "the condition",
+    interval_s: float = 0.05,
+    process: subprocess.Popen | None = None,
+    describe: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``ready()`` until it returns something truthy, and return that.
+
+    ``timeout_s`` is an upper bound only (no assertion about speed). Fails early when ``process``
+    exits, and adds ``describe()`` (e.g. the processes' logs) to the error.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"exited ({process.returncode}) before {what}{_details(describe)}")
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout_s:g}s{_details(describe)}")
+        time.sleep(interval_s)
+
+
+def _details(describe: Callable[[], str] | None) -> str:
+    return f":\n{describe()}" if describe is not None else ""
+
+
+def stop_process_group(popen: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+    """Signal the process group ``popen`` leads (started with ``start_new_session=True``), then
+    SIGKILL it if it has not exited within ``timeout_s``."""
+    if popen.poll() is not None:
+        return
+    os.killpg(popen.pid, sig)
+    try:
+        popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(5)
+
+
+def run_checked(
+    argv: list[str], *, cwd: str | os.PathLike, env: dict[str, str], timeout_s: float = 120
+) -> str:
+    """Run ``argv`` to completion and return its stdout; a failure raises with both outputs."""
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
