@@ -415,7 +415,7 @@ class KVEvents:
 
     async def sync(self, sources: dict[int, EventSource]) -> None:
         """Start subscribers for new sources, stop those gone or changed."""
-        if self._ctx is None:
+        if self._ctx is None and sources:
             self._ctx = zmq.asyncio.Context()
         for node_id, subscriber in list(self.subscribers.items()):
             if sources.get(node_id) != subscriber.source:
@@ -423,6 +423,7 @@ class KVEvents:
                 await subscriber.stop()
         for node_id, source in sources.items():
             if node_id not in self.subscribers:
+                assert self._ctx is not None
                 subscriber = NodeSubscriber(node_id, source, self.index, self._ctx, clock=self._clock)
                 self.subscribers[node_id] = subscriber
                 subscriber.start()
@@ -452,20 +453,25 @@ class KVEvents:
     ) -> None:
         """Every ``STATE_INTERVAL_S``, HSET this gateway's view (best effort; until ``stop``)."""
         failing = False
+        reported = False
         while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), STATE_INTERVAL_S)
+            if stop.is_set() or not (self.subscribers or reported):
+                continue  # nothing to report (no node publishes events)
             try:
                 async with asyncio.timeout(STATE_INTERVAL_S):
                     await redis.hset(keys.kv_state, gateway_id, encode(self.state(gateway_id, region)))
+                reported = True
                 failing = False
             except Exception as exc:  # Redis down: the dashboard shows no mode meanwhile
                 if not failing:
                     logger.warning("cannot report KV-index state to Redis: %s", exc)
                 failing = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), STATE_INTERVAL_S)
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await redis.hdel(keys.kv_state, gateway_id)
+        if reported:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await redis.hdel(keys.kv_state, gateway_id)
 
     async def close(self) -> None:
         await self.sync({})
