@@ -28,21 +28,21 @@ def report(redis_conn: redis.Redis, keys: RedisKeys, gateway: str, nodes: dict, 
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["/nodes/", "/cache/"])
 def test_it_shows_each_nodes_mode_and_event_lag(
-    viewer_client: Client, fleet: Fleet, redis_conn: redis.Redis, dash_keys: RedisKeys, path: str
+    viewer_client: Client, fleet: Fleet, redis_conn: redis.Redis, cp_keys: RedisKeys, path: str
 ) -> None:
     precise = fleet.nodes["eu-central-1"].pk
     mixed = fleet.nodes["us-east-1"].pk
     report(
         redis_conn,
-        dash_keys,
+        cp_keys,
         "gw-a",
         {
             precise: NodeKVState("precise", lag_s=0.0042, blocks=120),
             mixed: NodeKVState("precise", lag_s=0.01),
         },
     )
-    report(redis_conn, dash_keys, "gw-b", {mixed: NodeKVState("approximate", lag_s=7.5)})
-    report(redis_conn, dash_keys, "gw-gone", {precise: NodeKVState("approximate")}, age_s=60)  # stale
+    report(redis_conn, cp_keys, "gw-b", {mixed: NodeKVState("approximate", lag_s=7.5)})
+    report(redis_conn, cp_keys, "gw-gone", {precise: NodeKVState("approximate")}, age_s=60)  # stale
 
     html = viewer_client.get(path).content.decode()
 
