@@ -48,6 +48,7 @@ from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
 from routing.tokenization import Tokenizers
+from routing.tracing import GatewayTracing, tracing_from_env
 
 logger = logging.getLogger("routing.app")
 
@@ -70,6 +71,7 @@ class Runtime:
     front_door: FrontDoor | None
     limiter_redis: Redis | None
     prober: NodeProber
+    tracing: GatewayTracing | None = None
 
 
 class Gateway:
@@ -81,6 +83,7 @@ class Gateway:
         *,
         registry: Mapping[str, AlgorithmInfo] = REGISTRY,
         prefix_index: ApproxPrefixIndex | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -94,6 +97,7 @@ class Gateway:
         self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -220,6 +224,7 @@ class Gateway:
                 queue_lengths=admission.lengths,
             )
         )
+        tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
         prober = NodeProber(breakers, session, lambda: store.table)
         proxy = Proxy(
             config,
@@ -234,6 +239,7 @@ class Gateway:
             breakers,
             admission if admission.enabled else None,
             prober,
+            tracing,
             tokenizers=self.tokenizers,
         )
         self.runtime = Runtime(
@@ -248,6 +254,7 @@ class Gateway:
             front_door,
             limiter_redis,
             prober,
+            tracing,
         )
         await store.start()
         if front_door is not None:
@@ -295,6 +302,8 @@ class Gateway:
         await runtime.redis.aclose()
         if runtime.limiter_redis is not None:
             await runtime.limiter_redis.aclose()
+        if runtime.tracing is not None:
+            await run_bounded(asyncio.to_thread(runtime.tracing.shutdown), 5.0, "gorgo-tracing-flush")
 
     def _on_snapshot(self, table: RoutingTable) -> None:
         """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
