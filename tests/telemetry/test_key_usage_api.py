@@ -145,3 +145,15 @@ def test_it_is_in_the_openapi_schema_with_its_nullable_fields(db):
     for name in ("key_name", "error_rate", "ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms"):
         assert properties[name].get("nullable") is True, name
     assert "secret_sha256" not in properties
+
+
+def test_the_admin_lists_the_buckets_read_only(tel, admin_client):
+    key, secret = make_key("search", "retrieval")
+    row = usage(key, NOW)
+
+    listing = admin_client.get("/admin/telemetry/keyusageaggregate/?q=retrieval")
+
+    assert listing.status_code == 200 and key.key_id in listing.content.decode()
+    assert secret not in listing.content.decode()
+    assert admin_client.get("/admin/telemetry/keyusageaggregate/add/").status_code == 403
+    assert admin_client.post(f"/admin/telemetry/keyusageaggregate/{row.pk}/change/", {}).status_code == 403
