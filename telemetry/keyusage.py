@@ -9,6 +9,7 @@ these buckets by ``team`` (the key's team, looked up once per batch).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +19,8 @@ from routing.contract import RequestRecord
 from telemetry.choices import RESOLUTION_SECONDS
 from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from telemetry.models import KeyUsageAggregate
+
+log = logging.getLogger(__name__)
 
 LIMITED_STATUSES = frozenset({429})
 REFUSED_STATUSES = frozenset({401, 403})
@@ -36,6 +39,9 @@ KEY_USAGE_SUMMED_FIELDS = (
     "ttft_count",
     "ttft_sum_ms",
 )
+
+KEY_ID_MAX_LENGTH = KeyUsageAggregate._meta.get_field("key_id").max_length
+PRIORITY_MAX_LENGTH = KeyUsageAggregate._meta.get_field("priority").max_length
 
 KeyBucket = tuple[str, str, str, datetime]  # resolution, key id, priority, bucket start
 
@@ -85,9 +91,18 @@ def key_usage_deltas(records: list[RequestRecord]) -> dict[KeyBucket, KeyUsageDe
     for record in records:
         if not record.key_id:
             continue
+        if len(record.key_id) > KEY_ID_MAX_LENGTH:
+            # Not an id the control plane issued; storing it would fail the whole batch, every time.
+            log.warning(
+                "request %s: key id %.40r is not a client key id; not attributed",
+                record.request_id,
+                record.key_id,
+            )
+            continue
+        priority = (record.priority or "")[:PRIORITY_MAX_LENGTH]
         for resolution, width_s in RESOLUTION_SECONDS.items():
             start = datetime.fromtimestamp(math.floor(record.ts / width_s) * width_s, tz=UTC)
-            bucket = (str(resolution), record.key_id, record.priority or "", start)
+            bucket = (str(resolution), record.key_id, priority, start)
             deltas.setdefault(bucket, KeyUsageDelta()).add(record)
     return deltas
 

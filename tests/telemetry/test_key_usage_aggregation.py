@@ -103,3 +103,19 @@ def test_a_deleted_keys_usage_stays_under_its_id_and_team(tel, node):
 
     row = KeyUsageAggregate.objects.get(resolution="10s", key_id=key_id)
     assert (row.count, row.team, row.client_key_id) == (2, "legacy", None)
+
+
+def test_a_record_with_a_foreign_key_id_does_not_stall_the_batch(tel, node):
+    key = make_key("search", "retrieval")
+    append(
+        tel,
+        record(node, ts=T0 + 1, ttft_ms=100.0, key_id="k" * 40, priority="interactive"),
+        record(node, ts=T0 + 2, ttft_ms=100.0, key_id=key.key_id, priority="interactive-but-much-longer"),
+    )
+
+    result = run_round(tel.client, tel.keys)
+
+    assert result.added == 2
+    assert list(KeyUsageAggregate.objects.filter(resolution="10s").values_list("key_id", "priority")) == [
+        (key.key_id, "interactive-but-")
+    ]
