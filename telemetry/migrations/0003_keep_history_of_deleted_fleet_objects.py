@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0003_rename_model_llmmodel'),
-        ('telemetry', '0001_initial'),
+        ('telemetry', '0002_key_usage_aggregate'),
     ]
 
     operations = [

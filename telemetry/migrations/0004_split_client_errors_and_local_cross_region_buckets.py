@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0003_rename_model_llmmodel'),
-        ('telemetry', '0002_keep_history_of_deleted_fleet_objects'),
+        ('telemetry', '0003_keep_history_of_deleted_fleet_objects'),
     ]
 
     operations = [
