@@ -124,13 +124,19 @@ def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verd
     if key.requests_per_min:
         headers += [
             (b"x-ratelimit-limit-requests", str(key.requests_per_min).encode()),
-            (b"x-ratelimit-remaining-requests", str(max(0, int(requests_left))).encode()),
+            (
+                b"x-ratelimit-remaining-requests",
+                str(min(key.requests_per_min, max(0, int(requests_left)))).encode(),
+            ),
             (b"x-ratelimit-reset-requests", _reset_text(requests_reset_ms)),
         ]
     if key.tokens_per_min:
         headers += [
             (b"x-ratelimit-limit-tokens", str(key.tokens_per_min).encode()),
-            (b"x-ratelimit-remaining-tokens", str(max(0, int(tokens_left))).encode()),
+            (
+                b"x-ratelimit-remaining-tokens",
+                str(min(key.tokens_per_min, max(0, int(tokens_left)))).encode(),
+            ),
             (b"x-ratelimit-reset-tokens", _reset_text(tokens_reset_ms)),
         ]
     return Verdict(
@@ -256,8 +262,13 @@ class RateLimiter:
             )
         now = time.monotonic()
         if now >= self._redis_skip_until:
-            extra_requests = int(rpm * self._lease_fraction)
-            extra_tokens = int(tpm * self._lease_fraction)
+            leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+            # Top the lease up to its size, never past it: a lease whose tokens ran out while it
+            # still held requests would otherwise hoard more requests on every refill.
+            extra_requests = max(
+                0, int(rpm * self._lease_fraction) - int(leftover.requests if leftover else 0)
+            )
+            extra_tokens = max(0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0))
             try:
                 # The client's own socket timeouts bound this (see make_limiter_redis).
                 raw = await self._check(
@@ -271,7 +282,6 @@ class RateLimiter:
             else:
                 if not raw[0]:
                     return make_verdict(key, raw)
-                leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
                 lease = self._leases[key.id] = _Lease(
                     (rpm, tpm),
                     raw[7] + (leftover.requests if leftover else 0),

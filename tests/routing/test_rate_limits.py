@@ -150,3 +150,18 @@ class TestLeases:
         # One script call took 1 + 3; the next three came from the lease; the fifth called again.
         assert [round(level) for level in levels] == [296, 296, 296, 296, 292]
         assert verdict.headers[1] == (b"x-ratelimit-remaining-requests", b"295")
+
+    async def test_a_lease_short_of_tokens_does_not_hoard_requests(self, redis_url, redis_keys):
+        # Seen under `make run`: x-ratelimit-remaining-requests 6688 for a 6000/min key, because each
+        # refill for tokens carried the unused requests over and added a fresh slice on top.
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=6000, tokens_per_min=100_000)  # slices: 60 and 1,000
+        try:
+            verdicts = [await limiter.check(key, 400) for _ in range(40)]
+        finally:
+            await client.aclose()
+        assert all(verdict.allowed for verdict in verdicts)
+        assert limiter._leases[key.id].requests <= 60
+        remaining = [int(dict(verdict.headers)[b"x-ratelimit-remaining-requests"]) for verdict in verdicts]
+        assert max(remaining) <= 6000
