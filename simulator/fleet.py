@@ -21,8 +21,11 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from simulator.kv_cache import extend_block_hashes
 from simulator.server import SimNode
 from simulator.topology import Topology, TopologyError
+
+MAX_ORACLE_RECORDS = 200_000  # bounded: a benchmark run sends a few thousand
 
 
 class Fleet:
@@ -66,6 +69,44 @@ class Fleet:
             self.nodes[spec.name] = SimNode(
                 dataclasses.replace(spec, engine=params), topology, time_scale=time_scale
             )
+        # request key -> (client region, lower-bound TTFT ms), filled while ``record_oracle`` is on
+        self.oracle_ms: dict[str, tuple[str, float]] = {}
+
+    def record_oracle(self, on: bool = True) -> None:
+        """Log, for every chat request that arrives, the fastest first token the fleet could give.
+
+        Per request: over every running node, the RTT from the client's region (topology, no
+        jitter) + one engine step + the prefill of the tokens that node does NOT hold in its KV
+        cache right now, at its prefill speed; no queue. The minimum is the lower bound a router
+        with perfect knowledge could reach (benchmarks: ``GET /oracle`` on the control API).
+        """
+        for node in self.nodes.values():
+            node.oracle = self._oracle if on else None
+
+    def _oracle(self, arrived_at: SimNode, prompt_ids: list[int], region: str, key: str) -> None:
+        if len(self.oracle_ms) >= MAX_ORACLE_RECORDS:
+            return
+        region = region or arrived_at.region
+        hashes: list[int] = []
+        best_ms = float("inf")
+        for node in self.nodes.values():
+            engine = node.engine
+            if engine is None or not engine.alive:
+                continue
+            params = node.params
+            block = params.block_size
+            full_blocks = (len(prompt_ids) - 1) // block  # vLLM computes at least the last token
+            if len(hashes) < full_blocks:
+                extend_block_hashes(hashes, prompt_ids, block, full_blocks)
+            cached = engine.pool.match_prefix(hashes, full_blocks) * block
+            ms = (
+                self.topology.rtt_ms(region, node.region)
+                + params.decode_step_base_ms
+                + (len(prompt_ids) - cached) * 1000.0 / params.prefill_tokens_per_s
+            )
+            best_ms = min(best_ms, ms)
+        if best_ms < float("inf"):
+            self.oracle_ms[key] = (region, best_ms)
 
     @classmethod
     def start(cls, topology: Topology, **options: Any) -> Fleet:
