@@ -137,8 +137,11 @@ def publish(
     author: AbstractBaseUser | None = None,
     note: str = "",
     rolled_back_from: PolicyVersion | None = None,
+    system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     """Compile and publish ``policy``; make it the active one.
+
+    ``system_author`` names the version's author when no user publishes (the online tuner).
 
     Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
     Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
@@ -146,7 +149,13 @@ def publish(
     """
     for _attempt in range(3):
         try:
-            return _publish_once(policy, author=author, note=note, rolled_back_from=rolled_back_from)
+            return _publish_once(
+                policy,
+                author=author,
+                note=note,
+                rolled_back_from=rolled_back_from,
+                system_author=system_author,
+            )
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
             continue
@@ -159,6 +168,7 @@ def _publish_once(
     author: AbstractBaseUser | None,
     note: str,
     rolled_back_from: PolicyVersion | None,
+    system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     with transaction.atomic():
         content = compile_policy(policy)
@@ -178,7 +188,7 @@ def _publish_once(
             snapshot=contract.encode(snapshot).decode(),
             author=author if author is not None and author.is_authenticated else None,
             author_name=(
-                author.get_username() if author is not None and author.is_authenticated else SYSTEM_AUTHOR
+                author.get_username() if author is not None and author.is_authenticated else system_author
             ),
             note=note[:500],
             rolled_back_from=rolled_back_from,
