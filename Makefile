@@ -43,7 +43,8 @@ run: install
 	export GORGO_OPERATOR_PASSWORD="$${GORGO_OPERATOR_PASSWORD:-$$(cat var/operator-password)}"; \
 	$(PY) manage.py migrate --no-input -v 0 && \
 	$(PY) manage.py seed_demo && \
-	bash scripts/banner.sh && \
+	$(PY) manage.py seed_demo_key && \
+	GORGO_DEMO_KEY=$$(cat var/demo-key) bash scripts/banner.sh && \
 	exec $(VENV)/bin/honcho start -f Procfile
 
 test: lint
@@ -63,6 +64,7 @@ bench: install
 	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
+	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/routing_decision.py && \
 	$(PY) benchmarks/routing_quality.py
 

@@ -6,6 +6,9 @@ Targets (each a real process on 127.0.0.1, all sending to the same mock backend)
 - ``direct``: the mock itself (the baseline every "added" figure is relative to);
 - ``gorgo``: ``python -m routing`` with a real policy snapshot published to Redis (4 nodes,
   ``least_load`` unless ``--algorithm``) and the request log on;
+- ``gorgo+frontdoor``: the same gateway with its front door on (``GORGO_AUTH=on``, one client key
+  with request and token limits, so every request is authenticated and rate-limited); its cost is
+  reported against ``gorgo`` (front door off) from the same run;
 - ``vllm-router``: the Rust vLLM router (``pip install vllm-router``), when installed;
 - ``asgi+aiohttp`` / ``asgi+httpx``: the smallest possible raw-ASGI proxy on the same uvicorn
   (uvloop, httptools) with each upstream client: the measurement behind the gateway's choice.
@@ -58,6 +61,10 @@ STREAM_BODY = json.dumps(
         "stream_options": {"include_usage": True},
     }
 ).encode()
+# What the front door (issue 12: client key + shared rate limits) may add to the plain gateway.
+FRONT_DOOR_BUDGET = {"added_p50_ms_c1": 0.05, "rps_c32_loss": 0.10}
+# The bench key: limits high enough never to refuse, so every request runs the limiter.
+BENCH_SECRET = "gorgo-sk-bench-0123456789abcdefghijklmnopqrstuvwxyz"
 BUDGET = {
     "added_p50_ms_c1": 0.4,
     "added_p99_ms_c1": 1.0,
@@ -68,10 +75,11 @@ BUDGET = {
 # ---- load generation -------------------------------------------------------------------------
 
 
-def _request_bytes(port: int, body: bytes) -> bytes:
+def _request_bytes(port: int, body: bytes, auth: str = "") -> bytes:
+    extra = b"authorization: Bearer %s\r\n" % auth.encode() if auth else b""
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (port, len(body), body)
+        b"%scontent-length: %d\r\n\r\n%s" % (port, extra, len(body), body)
     )
 
 
@@ -100,9 +108,9 @@ def _read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, bytearr
     return status, buffer[end:]
 
 
-def latency_c1(port: int, requests: int, warmup: int) -> list[float]:
+def latency_c1(port: int, requests: int, warmup: int, auth: str = "") -> list[float]:
     """Sequential non-streaming requests on one keep-alive connection; milliseconds each."""
-    payload = _request_bytes(port, CHAT_BODY)
+    payload = _request_bytes(port, CHAT_BODY, auth)
     samples: list[float] = []
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -119,9 +127,9 @@ def latency_c1(port: int, requests: int, warmup: int) -> list[float]:
     return samples
 
 
-async def _stream_worker(port: int, count: int, samples: list[float]) -> None:
+async def _stream_worker(port: int, count: int, samples: list[float], auth: str = "") -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    payload = _request_bytes(port, STREAM_BODY)
+    payload = _request_bytes(port, STREAM_BODY, auth)
     try:
         for _ in range(count):
             start = time.perf_counter()
@@ -144,23 +152,26 @@ async def _stream_worker(port: int, count: int, samples: list[float]) -> None:
         writer.close()
 
 
-async def stream_ttfb(port: int, concurrency: int, per_client: int, warmup: int) -> list[float]:
+async def stream_ttfb(
+    port: int, concurrency: int, per_client: int, warmup: int, auth: str = ""
+) -> list[float]:
     """``concurrency`` clients each streaming ``per_client`` chat completions; TTFB (ms) of each."""
-    await asyncio.gather(*(_stream_worker(port, warmup, []) for _ in range(concurrency)))
+    await asyncio.gather(*(_stream_worker(port, warmup, [], auth) for _ in range(concurrency)))
     samples: list[float] = []
-    await asyncio.gather(*(_stream_worker(port, per_client, samples) for _ in range(concurrency)))
+    await asyncio.gather(*(_stream_worker(port, per_client, samples, auth) for _ in range(concurrency)))
     return samples
 
 
-def throughput_c32(port: int, duration_s: float) -> tuple[float, str]:
+def throughput_c32(port: int, duration_s: float, auth: str = "") -> tuple[float, str]:
     """Requests per second at 32 connections: wrk if installed, else a Python client."""
     wrk = shutil.which("wrk")
     if wrk is None:
-        return _python_throughput(port, 32, duration_s), "python"
+        return _python_throughput(port, 32, duration_s, auth), "python"
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(
             'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-            f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
+            + (f'wrk.headers["Authorization"] = "Bearer {auth}"\n' if auth else "")
+            + f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
         )
     try:
         result = subprocess.run(
@@ -188,10 +199,10 @@ def throughput_c32(port: int, duration_s: float) -> tuple[float, str]:
     return float(match.group(1)), "wrk -t1 -c32"
 
 
-def _python_throughput(port: int, concurrency: int, duration_s: float) -> float:
+def _python_throughput(port: int, concurrency: int, duration_s: float, auth: str = "") -> float:
     async def worker(deadline: float, counts: list[int]) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        payload = _request_bytes(port, CHAT_BODY)
+        payload = _request_bytes(port, CHAT_BODY, auth)
         while time.perf_counter() < deadline:
             writer.write(payload)
             data = b""
@@ -221,6 +232,7 @@ class Target:
     port: int
     log_path: Path
     note: str = ""
+    auth: str = ""  # a client key to send (Authorization: Bearer)
 
     def stop(self) -> None:
         stop_process_group(self.process)
@@ -326,6 +338,28 @@ def _publish_policy(redis_url: str, prefix: str, upstream: str, algorithm: str, 
         client.close()
 
 
+def _publish_bench_key(redis_url: str, prefix: str) -> None:
+    """The one client key of the front-door target, as the control plane would write it."""
+    import redis
+
+    from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec, RedisKeys
+    from routing.keystore import secret_hash
+    from routing.writer import write_key_set
+
+    key = ClientKeySpec(
+        id="bench",
+        secret_sha256=secret_hash(BENCH_SECRET),
+        owner="bench",
+        requests_per_min=1_000_000_000,
+        tokens_per_min=1_000_000_000_000,
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        write_key_set(client, RedisKeys(prefix=prefix), ClientKeySet(SCHEMA_VERSION, 1, time.time(), (key,)))
+    finally:
+        client.close()
+
+
 def _redis_cleanup(redis_url: str, prefix: str) -> int:
     import redis
 
@@ -342,9 +376,9 @@ def _percentile(samples: list[float], q: float) -> float:
 
 
 def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
-    latencies = latency_c1(target.port, args.c1_requests, warmup=200)
-    rps, loadgen = throughput_c32(target.port, args.c32_seconds)
-    ttfb = asyncio.run(stream_ttfb(target.port, 8, args.stream_requests // 8, warmup=10))
+    latencies = latency_c1(target.port, args.c1_requests, warmup=200, auth=target.auth)
+    rps, loadgen = throughput_c32(target.port, args.c32_seconds, auth=target.auth)
+    ttfb = asyncio.run(stream_ttfb(target.port, 8, args.stream_requests // 8, warmup=10, auth=target.auth))
     result = {
         "p50_ms_c1": round(statistics.median(latencies), 4),
         "p99_ms_c1": round(_percentile(latencies, 0.99), 4),
@@ -422,21 +456,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mock = _start("direct", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
     upstream = f"http://127.0.0.1:{mock.port}"
 
-    def gorgo(algorithm: str) -> Target:
+    def gorgo(algorithm: str, front_door: bool = False) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
         _publish_policy(redis_url, prefix, upstream, algorithm)
+        if front_door:
+            _publish_bench_key(redis_url, prefix)
         target = _start(
-            f"gorgo-{algorithm}",
+            f"gorgo-{algorithm}{'-frontdoor' if front_door else ''}",
             [python, "-m", "routing", "--port", "0", "--region", "bench"],
             workdir,
-            {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info"},
+            {
+                "REDIS_URL": redis_url,
+                "GORGO_REDIS_PREFIX": prefix,
+                "LOG_LEVEL": "info",
+                "GORGO_AUTH": "on" if front_door else "off",
+            },
             port_pattern=uvicorn_port,
         )
         target.note = f"policy {algorithm}, 4 nodes, 1 process, request log on"
+        if front_door:
+            target.auth = BENCH_SECRET
+            target.note += ", auth + rate limits on (one key)"
         return target
 
-    plan: list[tuple[str, Any]] = [("direct", lambda: mock), ("gorgo", lambda: gorgo(args.algorithm))]
+    plan: list[tuple[str, Any]] = [
+        ("direct", lambda: mock),
+        ("gorgo", lambda: gorgo(args.algorithm)),
+        ("gorgo+frontdoor", lambda: gorgo(args.algorithm, front_door=True)),
+    ]
     for algorithm in args.also_algorithms:
         plan.append((f"gorgo[{algorithm}]", lambda algorithm=algorithm: gorgo(algorithm)))
     router = _vllm_router()
@@ -548,6 +596,17 @@ def _markdown(report: dict[str, Any]) -> str:
         "",
         f"gorgo ran with {report['gorgo_setup']}; the request stream received {report['request_log_records']:,} records.",
     ]
+    front_door = report.get("front_door")
+    if front_door:
+        lines += [
+            "",
+            "Front door (client key + shared rate limits, `gorgo+frontdoor` against `gorgo` in this run): "
+            f"added p50 c1 {front_door['added_p50_ms_c1']:+.3f} ms, p99 c1 {front_door['added_p99_ms_c1']:+.3f} ms, "
+            f"throughput c32 ratio {front_door['rps_c32_ratio']:.3f} ({front_door['rps_c32_loss']:+.1%} lost), "
+            f"stream TTFB p50 c8 {front_door['added_stream_ttfb_p50_ms_c8']:+.3f} ms. Budget (issue 12): "
+            f"≤ {front_door['limits']['added_p50_ms_c1']} ms p50, ≤ {front_door['limits']['rps_c32_loss']:.0%} "
+            f"throughput: **{'met' if front_door['met'] else 'NOT met'}**.",
+        ]
     swap = report.get("policy_swap_ms")
     if swap:
         lines.append(
@@ -599,6 +658,23 @@ def main() -> int:
             "added_stream_ttfb_p50_ms_c8": gorgo_added["added_stream_ttfb_p50_ms_c8"]
             <= BUDGET["added_stream_ttfb_p50_ms_c8"],
         }
+    front = targets.get("gorgo+frontdoor", {})
+    front_door: dict[str, Any] = {}
+    if gorgo and front and "error" not in gorgo and "error" not in front:
+        added_p50 = round(front["p50_ms_c1"] - gorgo["p50_ms_c1"], 4)
+        rps_loss = round(1 - front["rps_c32"] / gorgo["rps_c32"], 4)
+        front_door = {
+            "added_p50_ms_c1": added_p50,
+            "added_p99_ms_c1": round(front["p99_ms_c1"] - gorgo["p99_ms_c1"], 4),
+            "rps_c32_ratio": round(front["rps_c32"] / gorgo["rps_c32"], 4),
+            "rps_c32_loss": rps_loss,
+            "added_stream_ttfb_p50_ms_c8": round(
+                front["stream_ttfb_p50_ms_c8"] - gorgo["stream_ttfb_p50_ms_c8"], 4
+            ),
+            "limits": FRONT_DOOR_BUDGET,
+            "met": added_p50 <= FRONT_DOOR_BUDGET["added_p50_ms_c1"]
+            and rps_loss <= FRONT_DOOR_BUDGET["rps_c32_loss"],
+        }
     report = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": _machine(),
@@ -612,6 +688,7 @@ def main() -> int:
         "targets": targets,
         "added": added,
         "budget": {"limits": BUDGET, "checks": checks, "met": bool(checks) and all(checks.values())},
+        "front_door": front_door,
         "request_log_records": outcome["request_log_records"],
     }
     args.out.mkdir(parents=True, exist_ok=True)

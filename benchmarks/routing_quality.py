@@ -189,6 +189,7 @@ def start_gateways(
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
             "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, "-m", "routing"], workdir, env))
     urls: dict[str, str] = {}

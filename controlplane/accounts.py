@@ -22,7 +22,7 @@ VIEWERS = "viewers"
 # Apps whose every permission operators get (add/change/delete/view and policies' publish). Labels,
 # not imports: core names the apps but does not depend on them. Each app's own migration grants
 # its permissions (``sync_groups(apps, ("policies",))``); a new app adds its label here too.
-OPERATOR_APPS = ("fleet", "policies")
+OPERATOR_APPS = ("fleet", "policies", "keys")
 
 
 def sync_groups(apps: Apps = global_apps, labels: tuple[str, ...] = OPERATOR_APPS) -> None:

@@ -112,6 +112,7 @@ INSTALLED_APPS = [
     "channels",
     "controlplane.fleet",
     "controlplane.policies",
+    "controlplane.keys",
     "telemetry",
     "controlplane.dashboard",
     "controlplane.demo",  # seed_demo: development-only, the one importer of the simulator

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.policies.api.urls")),
+    path("", include("controlplane.keys.api.urls")),
     path("telemetry/", include("telemetry.api.urls")),
 ]
 

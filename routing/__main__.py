@@ -58,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         port=config.port,
         workers=config.workers,
         loop="uvloop",
-        http="httptools",
+        # uvicorn's httptools protocol plus limits on heads, slow clients and connections.
+        http="routing.server:GuardedHttpToolsProtocol",
         lifespan="on",
         access_log=False,  # the request log and metrics cover it, at a fraction of the cost
         server_header=False,  # the node's Server header passes through
         log_level=config.log_level,
-        timeout_keep_alive=75,
+        timeout_keep_alive=max(1, round(config.client_keepalive_s)),
         proxy_headers=False,  # the gateway does not use the client address; skip the middleware
     )
     return 0

@@ -20,20 +20,27 @@ import aiohttp
 import msgspec
 from redis.asyncio import Redis
 
+from routing.admission import Admission
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import AlgorithmInfo
 from routing.asgi import Receive, Scope, Send, send_response
 from routing.background import run_bounded
+from routing.breaker import Breakers
 from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
+from routing.frontdoor import FrontDoor
 from routing.inflight import InFlight
+from routing.keystore import KeyStore
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
+from routing.node_probe import NodeProber
 from routing.policy_store import PolicyStore, make_redis
 from routing.prefix_index import ApproxPrefixIndex
 from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
 from routing.proxy import Proxy
+from routing.ratelimit import RateLimiter, make_limiter_redis
 from routing.requestlog import RequestLog
+from routing.server import GuardedHttpToolsProtocol
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
@@ -56,6 +63,9 @@ class Runtime:
     inflight: InFlight
     metrics: GatewayMetrics
     proxy: Proxy
+    front_door: FrontDoor | None
+    limiter_redis: Redis | None
+    prober: NodeProber
 
 
 class Gateway:
@@ -148,6 +158,30 @@ class Gateway:
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
+        breakers = Breakers(
+            failure_threshold=config.breaker_failures,
+            open_s=config.node_down_cooldown_s,
+            max_open_s=config.breaker_max_open_s,
+        )
+        admission = Admission(
+            inflight.outstanding,
+            factor=config.admission_factor,
+            max_length=config.queue_max_length,
+            max_wait_s=config.queue_max_wait_s,
+            on_wait=metrics.queue_wait,
+            on_reject=metrics.queue_rejected,
+        )
+        inflight.on_release = admission.released
+        front_door: FrontDoor | None = None
+        limiter_redis: Redis | None = None
+        if config.auth == "on":
+            limiter_redis = make_limiter_redis(config.redis_url, config.ratelimit_redis_timeout_s)
+            front_door = FrontDoor(
+                config.region,
+                KeyStore(redis, keys, refresh_s=config.key_refresh_s),
+                RateLimiter(limiter_redis, keys, lease_fraction=config.ratelimit_lease_fraction),
+                metrics,
+            )
         metrics.add_state_collector(
             StateCollector(
                 inflight,
@@ -159,12 +193,47 @@ class Gateway:
                 policy_events=lambda: dict(store.events),
                 request_log=lambda: (request_log.written, request_log.dropped, request_log.pending),
                 chars_per_token=lambda: ratio.value,
+                keyset_version=(lambda: front_door.store.version) if front_door is not None else None,
+                breaker_states=breakers.states,
+                client_stats=_client_stats,
+                timeouts=lambda: metrics.timeout_counts,
+                queue_lengths=admission.lengths,
             )
         )
-        proxy = Proxy(config, session, store, inflight, request_log, metrics, index, ratio)
-        self.runtime = Runtime(redis, session, store, request_log, sharing, inflight, metrics, proxy)
+        prober = NodeProber(breakers, session, lambda: store.table)
+        proxy = Proxy(
+            config,
+            session,
+            store,
+            inflight,
+            request_log,
+            metrics,
+            index,
+            ratio,
+            front_door,
+            breakers,
+            admission if admission.enabled else None,
+            prober,
+        )
+        self.runtime = Runtime(
+            redis,
+            session,
+            store,
+            request_log,
+            sharing,
+            inflight,
+            metrics,
+            proxy,
+            front_door,
+            limiter_redis,
+            prober,
+        )
         await store.start()
+        if front_door is not None:
+            await front_door.store.start()
+            front_door.limiter.start()
         request_log.start()
+        self.runtime.prober.start()
         await sharing.start()
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
         # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
@@ -186,10 +255,16 @@ class Gateway:
         if runtime is None:
             return
         await runtime.store.close()
+        if runtime.front_door is not None:
+            await runtime.front_door.store.close()
+            await runtime.front_door.limiter.close()
+        await runtime.prober.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
         await runtime.request_log.close()
         await runtime.session.close()
         await runtime.redis.aclose()
+        if runtime.limiter_redis is not None:
+            await runtime.limiter_redis.aclose()
 
     # ---- HTTP --------------------------------------------------------------------------------
 
@@ -208,7 +283,7 @@ class Gateway:
             await runtime.proxy.handle(scope, receive, send, endpoint)
             return
         if method not in ("GET", "HEAD"):
-            if path in ("/v1/models", "/healthz", "/metrics"):
+            if path in ("/v1/models", "/healthz", "/health", "/metrics") or path.startswith("/v1/models/"):
                 await _send_error(send, GatewayError(405, f"{path} accepts GET only."))
             else:
                 await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
@@ -219,7 +294,19 @@ class Gateway:
                 await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
             else:
                 await send_response(send, 200, table.models_body, [JSON_CONTENT_TYPE])
-        elif path == "/healthz":
+        elif path.startswith("/v1/models/"):
+            model = path.removeprefix("/v1/models/")
+            body = table.model_bodies.get(model) if table is not None else None
+            if table is None:
+                await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
+            elif body is None:
+                error = GatewayError(
+                    404, f"The model `{model}` does not exist on this gateway.", param="model"
+                )
+                await _send_error(send, error)
+            else:
+                await send_response(send, 200, body, [JSON_CONTENT_TYPE])
+        elif path in ("/healthz", "/health"):  # /health: vLLM's name, which tools like guidellm probe
             body = msgspec.json.encode(
                 {
                     "status": "ok" if table is not None else "no policy",
@@ -247,6 +334,17 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
     ratio.set_prior(table.chars_per_token)  # a new prior restarts learning; the same one keeps it
     index.set_chars_per_token(ratio.value)
     index.sync_nodes(table.snapshot.nodes)
+
+
+def _client_stats() -> tuple[int, int, int, int]:
+    """This process's client-side counters (``routing.server``; zero when uvicorn's own protocol runs)."""
+    stats = GuardedHttpToolsProtocol.stats
+    return (
+        len(stats.connections),
+        stats.rejected_connections,
+        stats.header_timeouts,
+        stats.body_timeouts,
+    )
 
 
 def create_app(config: GatewayConfig | None = None) -> Gateway:

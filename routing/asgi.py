@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from routing.errors import GatewayError
@@ -55,11 +56,28 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
+@dataclass(slots=True)
+class RequestHeaders:
+    """What one pass over the client's headers found."""
+
+    forward: list[tuple[str, str]]
+    request_id: str | None = None
+    content_length: int | None = None
+    session_key: str | None = None
+    authorization: bytes | None = None
+    api_key: bytes | None = None
+
+
 def scan_request_headers(
-    raw: list[tuple[bytes, bytes]], session_header: str | None
-) -> tuple[list[tuple[str, str]], str | None, int | None, str | None]:
-    """One pass over the client's headers: what to forward, and what the gateway reads itself."""
+    raw: list[tuple[bytes, bytes]], session_header: str | None, *, keep_credentials: bool = True
+) -> RequestHeaders:
+    """One pass over the client's headers: what to forward, and what the gateway reads itself.
+
+    With ``keep_credentials`` false (the gateway checks client keys itself) the client's key
+    headers are not forwarded: nodes never see a client's secret.
+    """
     forward: list[tuple[str, str]] = [("Content-Type", "application/json")]
+    found = RequestHeaders(forward)
     request_id: str | None = None
     content_length: int | None = None
     session_key: str | None = None
@@ -70,6 +88,13 @@ def scan_request_headers(
         if name == b"connection":
             listed.update(token.strip().lower() for token in value.split(b","))
             continue
+        if name == b"authorization" or name == b"api-key":
+            if name == b"authorization":
+                found.authorization = value
+            else:
+                found.api_key = value
+            if not keep_credentials:
+                continue
         if name in _REQUEST_DROP_BYTES:
             if name == b"content-length":
                 try:
@@ -93,7 +118,11 @@ def scan_request_headers(
         # Else aiohttp would offer gzip on the client's behalf, and bodies pass through undecoded.
         # (Setting it here is also cheaper than aiohttp's skip_auto_headers path.)
         forward.append(("Accept-Encoding", "identity"))
-    return forward, request_id, content_length, session_key
+    found.forward = forward
+    found.request_id = request_id
+    found.content_length = content_length
+    found.session_key = session_key
+    return found
 
 
 async def read_body(receive: Receive, content_length: int | None, max_bytes: int) -> bytes:

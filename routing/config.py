@@ -12,12 +12,17 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 # LOG_LEVEL is the one log-level variable of every gorgo process (control plane, workers, gateway).
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
+OnOff = Literal["on", "off"]
+ON_OFF: tuple[OnOff, ...] = get_args(OnOff)
+
+
+_C = TypeVar("_C", bound=str)
 
 
 class ConfigError(ValueError):
@@ -57,6 +62,25 @@ class GatewayConfig:
     live_refresh_interval_s: float = 1.0
     live_stale_s: float = 30.0
     node_down_cooldown_s: float = 5.0
+    upstream_first_byte_timeout_s: float = 5.0
+    upstream_idle_timeout_s: float = 10.0
+    upstream_retries: int = 1
+    retry_budget_ratio: float = 0.1
+    breaker_failures: int = 5
+    breaker_max_open_s: float = 60.0
+    client_max_header_bytes: int = 64 * 1024
+    client_max_headers: int = 100
+    client_header_timeout_s: float = 10.0
+    client_body_timeout_s: float = 30.0
+    client_keepalive_s: float = 75.0
+    max_connections: int = 2048
+    admission_factor: float = 2.0
+    queue_max_length: int = 512
+    queue_max_wait_s: float = 5.0
+    auth: OnOff = "on"
+    key_refresh_s: float = 5.0
+    ratelimit_redis_timeout_s: float = 0.25
+    ratelimit_lease_fraction: float = 0.01
 
     def __repr__(self) -> str:  # the URL may carry a password
         shown = ", ".join(
@@ -105,6 +129,27 @@ class GatewayConfig:
             live_refresh_interval_s=reader.number("GORGO_LIVE_REFRESH_INTERVAL_S", 1.0, minimum=0.05),
             live_stale_s=reader.number("GORGO_LIVE_STALE_S", 30.0, minimum=0.1),
             node_down_cooldown_s=reader.number("GORGO_NODE_DOWN_COOLDOWN_S", 5.0, minimum=0.0),
+            upstream_first_byte_timeout_s=reader.number(
+                "GORGO_UPSTREAM_FIRST_BYTE_TIMEOUT_S", 5.0, minimum=0.001
+            ),
+            upstream_idle_timeout_s=reader.number("GORGO_UPSTREAM_IDLE_TIMEOUT_S", 10.0, minimum=0.001),
+            upstream_retries=reader.integer("GORGO_UPSTREAM_RETRIES", 1, minimum=0, maximum=5),
+            retry_budget_ratio=reader.number("GORGO_RETRY_BUDGET_RATIO", 0.1, minimum=0.0),
+            breaker_failures=reader.integer("GORGO_BREAKER_FAILURES", 5, minimum=1),
+            breaker_max_open_s=reader.number("GORGO_BREAKER_MAX_OPEN_S", 60.0, minimum=0.1),
+            client_max_header_bytes=reader.integer("GORGO_CLIENT_MAX_HEADER_BYTES", 64 * 1024, minimum=1024),
+            client_max_headers=reader.integer("GORGO_CLIENT_MAX_HEADERS", 100, minimum=10),
+            client_header_timeout_s=reader.number("GORGO_CLIENT_HEADER_TIMEOUT_S", 10.0, minimum=0.1),
+            client_body_timeout_s=reader.number("GORGO_CLIENT_BODY_TIMEOUT_S", 30.0, minimum=0.1),
+            client_keepalive_s=reader.number("GORGO_CLIENT_KEEPALIVE_S", 75.0, minimum=0.1),
+            max_connections=reader.integer("GORGO_MAX_CONNECTIONS", 2048, minimum=1),
+            admission_factor=reader.number("GORGO_ADMISSION_FACTOR", 2.0, minimum=0.0),
+            queue_max_length=reader.integer("GORGO_QUEUE_MAX_LENGTH", 512, minimum=0),
+            queue_max_wait_s=reader.number("GORGO_QUEUE_MAX_WAIT_S", 5.0, minimum=0.0),
+            auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
+            key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
+            ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),
+            ratelimit_lease_fraction=reader.number("GORGO_RATELIMIT_LEASE_FRACTION", 0.01, minimum=0.0),
         )
         scheme = urlsplit(config.redis_url).scheme
         if scheme not in ("redis", "rediss", "unix"):
@@ -150,7 +195,7 @@ class _EnvReader:
             raise ConfigError(f"{name} must be >= {minimum}, got {raw}")
         return value
 
-    def choice(self, name: str, default: LogLevel, choices: tuple[LogLevel, ...]) -> LogLevel:
+    def choice(self, name: str, default: _C, choices: tuple[_C, ...]) -> _C:
         raw = self.env.get(name, "").strip().lower() or default
         for choice in choices:
             if raw == choice:

@@ -91,6 +91,25 @@ class RedisKeys:
         """STREAM: ``PrefixUpdate`` batches (field ``u``) so gateways share their prefix indexes."""
         return f"{self.prefix}:prefix:updates"
 
+    @property
+    def key_set(self) -> str:
+        """STRING: the ``ClientKeySet`` (JSON): every client key's hash, limits and state."""
+        return f"{self.prefix}:keys:current"
+
+    @property
+    def key_channel(self) -> str:
+        """PUB/SUB: a ``KeySetAnnouncement`` each time a new key set is written."""
+        return f"{self.prefix}:keys:announce"
+
+    @property
+    def key_last_used(self) -> str:
+        """HASH: key id -> unix seconds it was last used, written by gateways (coarsely)."""
+        return f"{self.prefix}:keys:last-used"
+
+    def rate_limit(self, key_id: str) -> str:
+        """HASH: a client key's shared token buckets (requests and tokens), kept by gateways."""
+        return f"{self.prefix}:ratelimit:{key_id}"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"
@@ -324,6 +343,51 @@ class PolicyAnnouncement(msgspec.Struct, frozen=True):
 
 
 # --------------------------------------------------------------------------------------------
+# Client keys (control plane -> gateways)
+# --------------------------------------------------------------------------------------------
+
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
+
+
+class ClientKeySpec(msgspec.Struct, frozen=True):
+    """One client API key as gateways know it: the secret's hash only, never the secret.
+
+    ``models`` and ``regions`` empty: every model, every gateway region. A limit of ``None``:
+    unlimited. Revoked and expired keys stay in the set, so gateways can say why they refuse.
+    """
+
+    id: str  # the public id, also inside the secret (gorgo-sk-<id>-...)
+    secret_sha256: str  # hex digest of the whole secret
+    owner: str
+    team: str = ""
+    models: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    requests_per_min: int | None = None
+    tokens_per_min: int | None = None
+    max_concurrent: int | None = None
+    priority: Priority = "interactive"
+    expires_at: float | None = None  # unix seconds
+    revoked: bool = False
+
+
+class ClientKeySet(msgspec.Struct, frozen=True):
+    """Every client key, written whole on each change (a key change needs no policy publish)."""
+
+    schema_version: int
+    version: int  # larger is newer; a writer never replaces a newer set
+    written_at: float
+    keys: tuple[ClientKeySpec, ...]
+
+
+class KeySetAnnouncement(msgspec.Struct, frozen=True):
+    """Published on ``key_channel`` after ``key_set`` is written."""
+
+    schema_version: int
+    version: int
+
+
+# --------------------------------------------------------------------------------------------
 # Live state (telemetry workers -> gateways, dashboard)
 # --------------------------------------------------------------------------------------------
 
@@ -412,6 +476,8 @@ class RequestRecord(msgspec.Struct, frozen=True):
     error: str | None = None
     cost: CostTerms | None = None
     runner_up: CostTerms | None = None
+    key_id: str | None = None  # the client key's public id (never its secret)
+    priority: str | None = None  # the key's priority class
 
 
 class GatewayLoad(msgspec.Struct, frozen=True):
@@ -478,5 +544,7 @@ _VERSIONED = frozenset(
         RequestRecord,
         GatewayLoad,
         PrefixUpdate,
+        ClientKeySet,
+        KeySetAnnouncement,
     }
 )

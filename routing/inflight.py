@@ -3,15 +3,12 @@
 Outstanding work per node feeds ``least_load`` and the queue terms of cost-based algorithms. A
 request counts toward its node's outstanding prefill tokens until the first byte comes back (the
 node has finished prefill by then) and toward outstanding requests until it is done.
-
-A node that refused a connection is skipped for a short cool-down (passive health check), so a
-dead node costs one failed connect, not one per request, until the telemetry workers mark it
-unhealthy in the live state.
+(Nodes that fail are kept out by ``routing.breaker``.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from routing.algorithms.base import NodeLoad
 
@@ -42,15 +39,15 @@ class Lease:
 
 
 class InFlight:
-    """Outstanding requests and prefill tokens per node id, plus peers' load and recent failures."""
+    """Outstanding requests and prefill tokens per node id, plus peers' load."""
 
-    __slots__ = ("_down_until_s", "_peer_load", "_prefill_tokens", "_requests")
+    __slots__ = ("_peer_load", "_prefill_tokens", "_requests", "on_release")
 
     def __init__(self) -> None:
         self._requests: dict[int, int] = {}
         self._prefill_tokens: dict[int, int] = {}
         self._peer_load: Mapping[int, NodeLoad] = {}
-        self._down_until_s: dict[int, float] = {}
+        self.on_release: Callable[[int], None] | None = None  # a request on the node finished
 
     def begin(self, node_id: int, prefill_tokens: int) -> Lease:
         self._add(node_id, 1, prefill_tokens)
@@ -59,6 +56,13 @@ class InFlight:
     def _add(self, node_id: int, requests: int, prefill_tokens: int) -> None:
         self._requests[node_id] = self._requests.get(node_id, 0) + requests
         self._prefill_tokens[node_id] = self._prefill_tokens.get(node_id, 0) + prefill_tokens
+        if requests < 0 and self.on_release is not None:
+            self.on_release(node_id)
+
+    def outstanding(self, node_id: int) -> int:
+        """Outstanding requests on ``node_id``: ours plus the peers'."""
+        peer = self._peer_load.get(node_id)
+        return self._requests.get(node_id, 0) + (peer.outstanding_requests if peer is not None else 0)
 
     def outstanding_requests(self) -> dict[int, int]:
         return dict(self._requests)
@@ -88,18 +92,3 @@ class InFlight:
                     own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
                 )
         return view
-
-    # ---- passive health -----------------------------------------------------------------
-
-    def mark_down(self, node_id: int, until_s: float) -> None:
-        """Skip ``node_id`` until the monotonic time ``until_s`` (it refused a connection)."""
-        self._down_until_s[node_id] = until_s
-
-    def down_nodes(self, now_s: float) -> frozenset[int]:
-        """Node ids in cool-down at ``now_s``; forgets expired entries."""
-        if not self._down_until_s:
-            return frozenset()
-        for node_id, until_s in list(self._down_until_s.items()):
-            if until_s <= now_s:
-                del self._down_until_s[node_id]
-        return frozenset(self._down_until_s)

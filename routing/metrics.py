@@ -65,6 +65,47 @@ class GatewayMetrics:
             ("node", "kind"),
             registry=self.registry,
         )
+        self._auth_failures = Counter(
+            "gorgo_gateway_auth_failures",
+            "Requests refused for their client key, by reason.",
+            ("reason",),
+            registry=self.registry,
+        )
+        self._rate_limited = Counter(
+            "gorgo_gateway_rate_limited",
+            "Requests refused by a client key's limits (429), by key and reason.",
+            ("key_id", "reason"),
+            registry=self.registry,
+        )
+        self._key_requests = Counter(
+            "gorgo_gateway_key_requests",
+            "Finished requests per client key, priority class and status class.",
+            ("key_id", "priority", "status_class"),
+            registry=self.registry,
+        )
+        # Timeouts of nodes (counted here) and of clients (counted by the server protocol) are one
+        # family, gorgo_gateway_timeouts_total{kind}, written at scrape time by the StateCollector.
+        self.timeout_counts: dict[str, int] = {}
+        self._retries = Counter(
+            "gorgo_gateway_retries",
+            "Requests sent again to a node before any byte reached the client, by the first failure.",
+            ("reason",),
+            registry=self.registry,
+        )
+        self._queue_wait = Histogram(
+            "gorgo_gateway_queue_wait_seconds",
+            "Time requests waited for a node with room, by priority class.",
+            ("priority",),
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=self.registry,
+        )
+        self._queue_rejected = Counter(
+            "gorgo_gateway_queue_rejected",
+            "Requests refused (503) by the admission queue, by priority and reason (full, timeout).",
+            ("priority", "reason"),
+            registry=self.registry,
+        )
+        self._key_children: dict[tuple[str, str, int], Counter] = {}
         self._request_children: dict[tuple[str, int], Counter] = {}
         self._ttft_children: dict[str, Histogram] = {}
         self._duration_children: dict[str, Histogram] = {}
@@ -86,6 +127,34 @@ class GatewayMetrics:
             if ttft is None:
                 ttft = self._ttft_children[node] = self._ttft.labels(node)
             ttft.observe(ttft_s)
+
+    def queue_wait(self, priority: str, seconds: float) -> None:
+        self._queue_wait.labels(priority).observe(seconds)
+
+    def queue_rejected(self, priority: str, reason: str) -> None:
+        self._queue_rejected.labels(priority, reason).inc()
+
+    def timeout(self, kind: str) -> None:
+        self.timeout_counts[kind] = self.timeout_counts.get(kind, 0) + 1
+
+    def retry(self, reason: str) -> None:
+        self._retries.labels(reason).inc()
+
+    def auth_failure(self, reason: str) -> None:
+        self._auth_failures.labels(reason).inc()
+
+    def rate_limited(self, key_id: str, reason: str) -> None:
+        self._rate_limited.labels(key_id, reason).inc()
+
+    def key_request(self, key_id: str, priority: str, status: int) -> None:
+        status_class = status // 100
+        child_key = (key_id, priority, status_class)
+        counter = self._key_children.get(child_key)
+        if counter is None:
+            counter = self._key_children[child_key] = self._key_requests.labels(
+                key_id, priority, f"{status_class}xx"
+            )
+        counter.inc()
 
     def upstream_error(self, node: str, kind: str) -> None:
         self._upstream_errors.labels(node, kind).inc()
@@ -109,7 +178,17 @@ class StateCollector(Collector):
         policy_events: Callable[[], dict[str, int]],
         request_log: Callable[[], tuple[int, int, int]],
         chars_per_token: Callable[[], float] | None = None,
+        keyset_version: Callable[[], int | None] | None = None,
+        breaker_states: Callable[[], dict[int, int]] | None = None,
+        client_stats: Callable[[], tuple[int, int, int, int]] | None = None,
+        timeouts: Callable[[], dict[str, int]] | None = None,
+        queue_lengths: Callable[[], dict[str, int]] | None = None,
     ) -> None:
+        self._queue_lengths = queue_lengths
+        self._client_stats = client_stats
+        self._timeouts = timeouts
+        self._keyset_version = keyset_version
+        self._breaker_states = breaker_states
         self._inflight = inflight
         self._chars_per_token = chars_per_token
         self._node_names = node_names
@@ -138,6 +217,16 @@ class StateCollector(Collector):
             prefill.add_metric([name], prefill_tokens.get(node_id, 0))
         yield requests
         yield prefill
+        if self._breaker_states is not None:
+            breakers = GaugeMetricFamily(
+                "gorgo_gateway_breaker_state",
+                "Circuit breaker per node: 0 closed, 1 half-open, 2 open.",
+                labels=["node"],
+            )
+            states = self._breaker_states()
+            for node_id, name in sorted(names.items()):
+                breakers.add_metric([name], states.get(node_id, 0))
+            yield breakers
         version = self._policy_version()
         yield GaugeMetricFamily(
             "gorgo_gateway_policy_version",
@@ -154,6 +243,44 @@ class StateCollector(Collector):
                 "gorgo_gateway_chars_per_token",
                 "Prompt characters per node token the gateway estimates with (learned from usage).",
                 value=self._chars_per_token(),
+            )
+        if self._queue_lengths is not None:
+            lengths = GaugeMetricFamily(
+                "gorgo_gateway_queue_length",
+                "Requests waiting for a node with room, by priority class.",
+                labels=["priority"],
+            )
+            for priority, length in sorted(self._queue_lengths().items()):
+                lengths.add_metric([priority], length)
+            yield lengths
+        timeouts = dict(self._timeouts()) if self._timeouts is not None else {}
+        if self._client_stats is not None:
+            open_now, rejected, header_timeouts, body_timeouts = self._client_stats()
+            timeouts["header_read"] = header_timeouts
+            timeouts["body_read"] = body_timeouts
+            yield GaugeMetricFamily(
+                "gorgo_gateway_connections_open", "Client connections open now.", value=open_now
+            )
+            yield CounterMetricFamily(
+                "gorgo_gateway_connections_rejected",
+                "Client connections refused at GORGO_MAX_CONNECTIONS (503).",
+                value=rejected,
+            )
+        if timeouts:
+            family = CounterMetricFamily(
+                "gorgo_gateway_timeouts",
+                "Timeouts: first_byte, idle, connect (nodes); header_read, body_read (clients).",
+                labels=["kind"],
+            )
+            for kind, count in sorted(timeouts.items()):
+                family.add_metric([kind], count)
+            yield family
+        if self._keyset_version is not None:
+            keyset = self._keyset_version()
+            yield GaugeMetricFamily(
+                "gorgo_gateway_keyset_version",
+                "Version of the client key set in use (-1: none loaded yet).",
+                value=-1 if keyset is None else keyset,
             )
         events = CounterMetricFamily(
             "gorgo_gateway_policy_events",

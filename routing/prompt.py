@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 
@@ -31,27 +31,53 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
+# The roles OpenAI's API and vLLM's chat templates know; anything else is a 400 there too.
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(msgspec.Struct):
-    role: str = ""
+    role: Role
     content: str | list[ContentPart] | None = None
 
 
-class ChatBody(msgspec.Struct):
-    """The fields of a ``/v1/chat/completions`` body the gateway routes by."""
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+# The sampling fields vLLM validates itself (its 400s), checked here at C speed by msgspec so
+# a bad request never costs a node round trip. Every other field passes through unread.
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Count = Annotated[int, msgspec.Meta(ge=1, le=128)]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Sampling(msgspec.Struct):
+    """Fields both endpoints share."""
 
     model: str
-    messages: list[ChatMessage]
     stream: bool | None = None
     user: str | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Count | None = None
+    max_tokens: MaxTokens | None = None
+    stop: str | list[str] | None = None
+    stream_options: StreamOptions | None = None
 
 
-class CompletionBody(msgspec.Struct):
-    """The fields of a ``/v1/completions`` body the gateway routes by."""
+class ChatBody(_Sampling):
+    """The fields of a ``/v1/chat/completions`` body the gateway routes by or validates."""
 
-    model: str
-    prompt: str | list[str | int | list[int]]
-    stream: bool | None = None
-    user: str | None = None
+    messages: list[ChatMessage] = []
+    max_completion_tokens: MaxTokens | None = None
+
+
+class CompletionBody(_Sampling):
+    """The fields of a ``/v1/completions`` body the gateway routes by or validates."""
+
+    prompt: str | list[str | int | list[int]] | None = None
 
 
 _chat_decoder = msgspec.json.Decoder(ChatBody)
@@ -75,6 +101,7 @@ class ParsedRequest:
     prompt_text: str
     prompt_tokens_exact: int | None  # a token-id prompt tells us its length exactly
     user: str | None
+    max_tokens: int | None = None
 
     @property
     def prompt_chars(self) -> int:
@@ -93,19 +120,36 @@ def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
             chat = _chat_decoder.decode(body)
             if not chat.messages:
                 raise BodyError("'messages' must contain at least one message", "messages")
+            fields: _Sampling = chat
             parsed = ParsedRequest(
-                chat.model, bool(chat.stream), render_messages(chat.messages), None, chat.user
+                chat.model,
+                bool(chat.stream),
+                render_messages(chat.messages),
+                None,
+                chat.user,
+                chat.max_completion_tokens or chat.max_tokens,
             )
         else:
-            completion = _completion_decoder.decode(body)
+            completion = fields = _completion_decoder.decode(body)
+            if completion.prompt is None:
+                raise BodyError("Invalid request body: Object missing required field `prompt`", "prompt")
             text, exact = render_prompt(completion.prompt)
-            parsed = ParsedRequest(completion.model, bool(completion.stream), text, exact, completion.user)
+            parsed = ParsedRequest(
+                completion.model, bool(completion.stream), text, exact, completion.user, completion.max_tokens
+            )
     except msgspec.ValidationError as exc:
         raise BodyError(_describe_validation(exc), _param_of(exc)) from None
     except msgspec.DecodeError:
         raise BodyError("The request body is not valid JSON.") from None
+    except UnicodeDecodeError:
+        # msgspec hands back strings it has not checked; the first use of a non-UTF-8 one fails.
+        raise BodyError("The request body is not valid UTF-8 JSON.", _param_of_bad_utf8(body)) from None
+    except RecursionError:
+        raise BodyError("The request body nests JSON too deeply.") from None
     if not parsed.model:
         raise BodyError("'model' must be a non-empty string", "model")
+    if fields.stream_options is not None and not parsed.stream:
+        raise BodyError("Stream options can only be defined when `stream=True`.", "stream_options")
     return parsed
 
 
@@ -141,6 +185,28 @@ def _describe_validation(exc: msgspec.ValidationError) -> str:
     # msgspec says e.g. "Object missing required field `model`" or "Expected `str`, got `int` -
     # at `$.model`": precise, and free of internals, so it is safe to show the client.
     return f"Invalid request body: {exc}"
+
+
+def _param_of_bad_utf8(body: bytes) -> str | None:
+    """The field holding the first invalid UTF-8 string (error path only, so it may be slow)."""
+    try:
+        document = msgspec.json.decode(body.decode("utf-8", "replace"))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    pending: list[tuple[str, object]] = [("", document)]
+    while pending:
+        path, value = pending.pop(0)
+        if isinstance(value, str):
+            if "\ufffd" in value:
+                return path or None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if "\ufffd" in key:
+                    return path or None
+                pending.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+    return None
 
 
 def _param_of(exc: msgspec.ValidationError) -> str | None:

@@ -21,6 +21,7 @@ import time
 
 import aiohttp
 
+from routing.admission import Admission
 from routing.algorithms.base import Decision, RoutingRequest, RoutingView
 from routing.asgi import (
     ClientGone,
@@ -33,11 +34,14 @@ from routing.asgi import (
     scan_request_headers,
     send_response,
 )
+from routing.breaker import Breakers, RetryBudget
 from routing.config import GatewayConfig
-from routing.contract import SCHEMA_VERSION, NodeSpec, RequestRecord
+from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
 from routing.errors import GatewayError
+from routing.frontdoor import FrontDoor, Grant
 from routing.inflight import InFlight, Lease
 from routing.metrics import NO_NODE, GatewayMetrics
+from routing.node_probe import HungWatch, NodeProber
 from routing.policy_store import PolicyStore
 from routing.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
@@ -54,7 +58,6 @@ from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_st
 
 logger = logging.getLogger("routing.proxy")
 
-_NO_DOWN: frozenset[int] = frozenset()
 # The last event of an OpenAI stream, with either line ending SSE allows.
 _SSE_DONE_ENDINGS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
 
@@ -69,6 +72,8 @@ class _Exchange:
         "decision",
         "error",
         "finished",
+        "grant",
+        "key",
         "lease",
         "parsed",
         "prompt_tokens_est",
@@ -104,6 +109,8 @@ class _Exchange:
         self.finished = False  # the last byte is on its way: a disconnect now is not the client leaving
         self.client_gone = False
         self.response_started = False
+        self.key: ClientKeySpec | None = None
+        self.grant: Grant | None = None  # what the front door granted the key
 
 
 class Proxy:
@@ -119,6 +126,10 @@ class Proxy:
         metrics: GatewayMetrics,
         prefix_index: PrefixIndex,
         chars_per_token: CharsPerToken | None = None,
+        front_door: FrontDoor | None = None,
+        breakers: Breakers | None = None,
+        admission: Admission | None = None,
+        prober: NodeProber | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -134,6 +145,11 @@ class Proxy:
         self._sequence = 0
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
         self._ids = itertools.count(1)
+        self._front_door = front_door
+        self._breakers = breakers if breakers is not None else Breakers(open_s=config.node_down_cooldown_s)
+        self._retry_budget = RetryBudget(config.retry_budget_ratio)
+        self._admission = admission
+        self._prober = prober
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -143,13 +159,17 @@ class Proxy:
             try:
                 table = exchange.table
                 session_header = table.session_header if table is not None else None
-                headers, client_request_id, content_length, session_key = scan_request_headers(
-                    scope["headers"], session_header
+                front_door = self._front_door
+                scanned = scan_request_headers(
+                    scope["headers"], session_header, keep_credentials=front_door is None
                 )
-                exchange.request_id = client_request_id or f"{self._id_prefix}{next(self._ids):x}"
+                headers = scanned.forward
+                exchange.request_id = scanned.request_id or f"{self._id_prefix}{next(self._ids):x}"
                 headers.append(("X-Request-Id", exchange.request_id))
                 headers.append(("X-Gorgo-Region", self._region))
-                body = await read_body(receive, content_length, self._max_body_bytes)
+                if front_door is not None:  # before the body: a stranger's body is not worth reading
+                    exchange.key = front_door.authenticate(scanned)
+                body = await read_body(receive, scanned.content_length, self._max_body_bytes)
                 if table is None:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
@@ -158,6 +178,13 @@ class Proxy:
                     raise GatewayError(400, str(exc), param=exc.param) from None
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
+                exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+                if exchange.key is not None:
+                    assert front_door is not None
+                    exchange.grant = await front_door.admit(
+                        exchange.key, parsed.model, exchange.prompt_tokens_est
+                    )
+                session_key = scanned.session_key
                 # From here on the request waits on a node: watch for the client leaving.
                 assert task is not None
                 watch = DisconnectWatch(receive, exchange, task)
@@ -190,6 +217,8 @@ class Proxy:
                 watch.stop()
             if exchange.lease is not None:
                 exchange.lease.release()
+            if exchange.key is not None and self._front_door is not None:
+                self._front_door.done(exchange.key, exchange.grant, exchange.usage, exchange.status)
             self._finish(exchange)
 
     # ---- routing -----------------------------------------------------------------------------
@@ -230,10 +259,19 @@ class Proxy:
         candidates = table.candidates.get(model)
         if candidates is None:
             raise GatewayError(404, f"The model `{model}` does not exist on this gateway.", param="model")
-        down = self._inflight.down_nodes(time.monotonic()) if candidates else _NO_DOWN
-        if down:
-            healthy = tuple(node for node in candidates if node.id not in down)
-            candidates = healthy or candidates  # all recently failed: try anyway rather than refuse
+        blocked = self._breakers.blocked
+        if blocked:
+            working = tuple(node for node in candidates if node.id not in blocked)
+            if not working:
+                # Every eligible node failed here recently: say so rather than hammer them (stale
+                # or late telemetry must not send traffic to a node this gateway saw fail).
+                raise GatewayError(
+                    503,
+                    f"Every eligible node for model `{model}` is failing ({len(candidates)} with an "
+                    "open circuit breaker); retry shortly.",
+                    retry_after_s=max(1.0, self._breakers.next_probe_in_s(time.monotonic())),
+                )
+            candidates = working
         if not candidates:
             excluded = table.excluded.get(model, {})
             reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(excluded.items()))
@@ -259,12 +297,21 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         candidates = self._candidates(table, parsed.model)
-        prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
-        exchange.prompt_tokens_est = prompt_tokens_est
+        admission = self._admission
+        if admission is not None:
+            with_room = admission.with_room(candidates)
+            if not with_room:
+                priority = exchange.key.priority if exchange.key is not None else "interactive"
+                node = await admission.wait(candidates, priority)
+                admission.claim(node.id)  # from here to the lease in _open: no await
+                with_room = (node,)
+            candidates = with_room
+        prompt_tokens_est = exchange.prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
         routing_start_s = time.perf_counter()
+        self._retry_budget.deposit()
         decision = self._route(table, candidates, request, parsed.prompt_text)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
@@ -290,50 +337,112 @@ class Proxy:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> aiohttp.ClientResponse:
-        """Send the request to the chosen node; on a connection failure, once more to another."""
+        """Send the request to the chosen node; before any byte came back, retry on another.
+
+        Retried: a refused connection, a connection dropped before the answer, and (streams) no
+        response headers within the first-byte timeout (vLLM sends a stream's headers at once, so
+        silence means a hung node). At most ``upstream_retries`` times, within the retry budget.
+        """
         tried: list[NodeSpec] = []
+        config = self._config
+        first_byte_s = config.upstream_first_byte_timeout_s if parsed.stream else None
+        breakers = self._breakers
+        task = asyncio.current_task()
         while True:
             node = decision.node
             exchange.decision = decision
             exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             exchange.sent_s = time.perf_counter()
-            try:
-                return await self._session.request(
-                    "POST", table.urls[(node.id, path)], data=body, headers=headers
+            hung_watch = (
+                HungWatch(
+                    self._prober,
+                    task,
+                    node.id,
+                    table.base_urls[node.id],
+                    config.upstream_first_byte_timeout_s,
                 )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-                kind = "connect"
-                self._inflight.mark_down(node.id, time.monotonic() + self._config.node_down_cooldown_s)
+                if first_byte_s is None and self._prober is not None and task is not None
+                else None
+            )
+            try:
+                if first_byte_s is None:
+                    response = await self._session.request(
+                        "POST", table.urls[(node.id, path)], data=body, headers=headers
+                    )
+                else:
+                    async with asyncio.timeout(first_byte_s):
+                        response = await self._session.request(
+                            "POST", table.urls[(node.id, path)], data=body, headers=headers
+                        )
+            except asyncio.CancelledError:
+                if hung_watch is None or not hung_watch.hung or exchange.client_gone:
+                    raise
+                assert task is not None
+                task.uncancel()  # ours: the node answers nothing, not even /health
+                kind, hard = "first_byte", True
+                self._metrics.timeout("first_byte")
+            except aiohttp.ConnectionTimeoutError:
+                kind, hard = "connect", True
+                self._metrics.timeout("connect")
+            except aiohttp.ClientConnectorError:
+                kind, hard = "connect", True
             except aiohttp.ServerTimeoutError:
+                breakers.failure(node.id, time.monotonic(), hard=True)
                 self._metrics.upstream_error(node.name, "timeout")
                 raise GatewayError(
                     504, f"Node {node.name} did not answer in time.", node_name=node.name
                 ) from None
+            except TimeoutError:  # ours: no response headers within the first-byte timeout
+                kind, hard = "first_byte", True
+                self._metrics.timeout("first_byte")
             except aiohttp.ClientConnectionError:
-                kind = "disconnect"
+                kind, hard = "disconnect", False
             except aiohttp.ClientError as exc:
+                breakers.failure(node.id, time.monotonic(), hard=False)
                 self._metrics.upstream_error(node.name, "protocol")
                 logger.warning("node %s sent an unreadable response: %s", node.name, exc)
                 raise GatewayError(
                     502, f"Node {node.name} sent an invalid response.", node_name=node.name
                 ) from None
+            else:
+                if response.status >= 500:
+                    breakers.failure(node.id, time.monotonic(), hard=False)
+                else:
+                    breakers.success(node.id)
+                return response
+            finally:
+                if hung_watch is not None:
+                    hung_watch.stop()
+            breakers.failure(node.id, time.monotonic(), hard=hard)
             exchange.lease.release()
             exchange.lease = None
-            self._metrics.upstream_error(node.name, kind)
+            self._metrics.upstream_error(node.name, "timeout" if kind == "first_byte" else kind)
             tried.append(node)
-            remaining = tuple(c for c in candidates if c not in tried)
-            if len(tried) > 1 or not (remaining or kind == "disconnect"):
+            blocked = breakers.blocked
+            remaining = tuple(c for c in candidates if c not in tried and c.id not in blocked)
+            # A keep-alive connection the node closed just as we reused it says nothing about the
+            # node: the only candidate gets one more try on a fresh connection.
+            same_node_again = kind == "disconnect" and not remaining and len(tried) == 1
+            if (
+                len(tried) > config.upstream_retries
+                or not (remaining or same_node_again)
+                or not self._retry_budget.spend()
+            ):
+                status = 504 if kind == "first_byte" else 502
+                what = (
+                    f"did not start answering within {first_byte_s:g}s"
+                    if kind == "first_byte"
+                    else "is unreachable"
+                )
                 raise GatewayError(
-                    502,
-                    f"Node {node.name} is unreachable"
-                    + (" (and so was the retry)." if len(tried) > 1 else "."),
+                    status,
+                    f"Node {node.name} {what}" + (" (and so was the retry)." if len(tried) > 1 else "."),
                     node_name=node.name,
                 )
-            logger.warning("node %s unreachable (%s); retrying once", node.name, kind)
+            self._metrics.retry(kind)
+            logger.warning("node %s failed before answering (%s); retrying", node.name, kind)
             if remaining:
                 decision = self._route(table, remaining, request, parsed.prompt_text)
-            # else: a keep-alive connection the node closed just as we reused it says nothing
-            # about the node; the only candidate gets one more try on a fresh connection.
 
     async def _relay(
         self, send: Send, exchange: _Exchange, table: RoutingTable, response: aiohttp.ClientResponse
@@ -353,12 +462,15 @@ class Proxy:
                 f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
             ),
         )
+        if exchange.grant is not None and exchange.grant.headers:
+            out_headers += exchange.grant.headers
         content = response.content
         if response.content_type != "text/event-stream":
             try:
                 data = await response.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
+                self._breakers.failure(node.id, time.monotonic(), hard=kind == "timeout")
                 self._metrics.upstream_error(node.name, kind)
                 raise GatewayError(
                     504 if kind == "timeout" else 502,
@@ -380,28 +492,38 @@ class Proxy:
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         tail = b""
         bytes_out = 0
+        loop = asyncio.get_running_loop()
+        idle_s = self._config.upstream_idle_timeout_s
         try:
+            # Until the first chunk the node may be queueing and prefilling (the socket read
+            # timeout governs); after it, silence longer than the idle timeout means a hung node.
             chunk = await content.readany()
             if chunk:
                 exchange.lease.first_byte()
                 exchange.ttft_s = time.perf_counter() - exchange.arrival_s
-            while chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                bytes_out += len(chunk)
-                tail = (
-                    chunk[-USAGE_TAIL_BYTES:]
-                    if len(chunk) >= USAGE_TAIL_BYTES
-                    else (tail + chunk)[-USAGE_TAIL_BYTES:]
-                )
-                if tail.endswith(_SSE_DONE_ENDINGS):
-                    # The client has the whole answer: OpenAI clients stop at [DONE] and may hang
-                    # up before the node's end of body reaches us. That is not a disconnect.
-                    exchange.finished = True
-                chunk = await content.readany()
+            async with asyncio.timeout(None) as idle:
+                while chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    bytes_out += len(chunk)
+                    tail = (
+                        chunk[-USAGE_TAIL_BYTES:]
+                        if len(chunk) >= USAGE_TAIL_BYTES
+                        else (tail + chunk)[-USAGE_TAIL_BYTES:]
+                    )
+                    if tail.endswith(_SSE_DONE_ENDINGS):
+                        # The client has the whole answer: OpenAI clients stop at [DONE] and may
+                        # hang up before the node's end of body reaches us. Not a disconnect.
+                        exchange.finished = True
+                    idle.reschedule(loop.time() + idle_s)
+                    chunk = await content.readany()
+                    idle.reschedule(None)  # the client's pace is not the node's silence
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Mid-stream failure: the status is already sent, so say it in the stream (as vLLM
             # does for its own errors) and end it; the record keeps the truth.
             kind = "timeout" if isinstance(exc, TimeoutError) else "disconnect"
+            if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ServerTimeoutError):
+                self._metrics.timeout("idle")
+            self._breakers.failure(node.id, time.monotonic(), hard=kind == "timeout")
             self._metrics.upstream_error(node.name, kind)
             exchange.status = 504 if kind == "timeout" else 502
             exchange.error = f"node {node.name} stream broke ({kind})"
@@ -504,6 +626,8 @@ class Proxy:
                     error=exchange.error,
                     cost=decision.cost if decision is not None else None,
                     runner_up=decision.runner_up if decision is not None else None,
+                    key_id=exchange.key.id if exchange.key is not None else None,
+                    priority=exchange.key.priority if exchange.key is not None else None,
                 )
             )
         except Exception:

@@ -37,12 +37,14 @@ class RoutingTable:
     candidates: Mapping[str, tuple[NodeSpec, ...]]  # model -> eligible nodes, id order
     excluded: Mapping[str, Mapping[str, int]]  # model -> reason -> node count
     urls: Mapping[tuple[int, str], URL]  # (node id, path) -> upstream URL
+    base_urls: Mapping[int, str]  # node id -> server root (for the gateway's own probes)
     rtt_ms: Mapping[int, float]  # node id -> RTT from this region (measured ones only)
     live: Mapping[int, NodeLiveState]
     chars_per_token: float
     session_header: str | None  # lower-case header the algorithm keys sessions on
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
+    model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
 
     @property
     def version(self) -> int:
@@ -81,15 +83,11 @@ def build_table(
         for path in UPSTREAM_PATHS
     }
     params = policy.params
-    models_body = msgspec.json.encode(
-        {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": int(snapshot.published_at), "owned_by": "gorgo"}
-                for name in models
-            ],
-        }
-    )
+    model_objects = [
+        {"id": name, "object": "model", "created": int(snapshot.published_at), "owned_by": "gorgo"}
+        for name in models
+    ]
+    models_body = msgspec.json.encode({"object": "list", "data": model_objects})
     session_header = getattr(params, "session_header", None)
     return RoutingTable(
         snapshot=snapshot,
@@ -99,10 +97,12 @@ def build_table(
         candidates=candidates,
         excluded=excluded,
         urls=urls,
+        base_urls={node.id: node_base_url(node.base_url) for node in snapshot.nodes},
         rtt_ms=dict(rtt_ms),
         live=dict(live),
         chars_per_token=getattr(params, "chars_per_token", DEFAULT_CHARS_PER_TOKEN),
         session_header=session_header.lower() if session_header else None,
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
+        model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
     )

@@ -1,4 +1,4 @@
-"""The one writer of the compiled policy snapshot: compare-and-set it in Redis, then announce it.
+"""The one writer of the compiled policy snapshot and the client key set: compare-and-set, then announce.
 
 Django-free, beside ``routing/contract.py`` whose key and channel names it uses: the control plane
 publishes through it, and so do the tests and benchmarks that stand in for the control plane, so
@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 
 from routing import contract
-from routing.contract import PolicyAnnouncement, PolicySnapshot, RedisKeys
+from routing.contract import ClientKeySet, KeySetAnnouncement, PolicyAnnouncement, PolicySnapshot, RedisKeys
 
 # KEYS[1] = current snapshot key; ARGV = snapshot json, version, channel, announcement json.
 # Writes only when the stored snapshot is older (or absent); returns 1 when written.
@@ -70,3 +70,45 @@ def stored_version(raw: bytes | None) -> int:
 def current_version(client: redis.Redis, keys: RedisKeys) -> int:
     """The version of the snapshot the gateways run now (0 when there is none or it is unreadable)."""
     return stored_version(client.get(keys.policy_current))
+
+
+# ---- client keys (issue 12) -------------------------------------------------------------------
+
+# KEYS[1] = key-set key; ARGV = key-set json, version, channel, announcement json.
+# Same compare-and-set as the snapshot: a key set only replaces an older one.
+_SET_KEYS_IF_NEWER = SET_IF_NEWER
+
+
+def _key_set_args(keys: RedisKeys, key_set: ClientKeySet) -> tuple[str, int, str, bytes, int, str, bytes]:
+    announcement = KeySetAnnouncement(schema_version=contract.SCHEMA_VERSION, version=key_set.version)
+    return (
+        _SET_KEYS_IF_NEWER,
+        1,
+        keys.key_set,
+        contract.encode(key_set),
+        key_set.version,
+        keys.key_channel,
+        contract.encode(announcement),
+    )
+
+
+def write_key_set(client: redis.Redis, keys: RedisKeys, key_set: ClientKeySet) -> bool:
+    """Write ``key_set`` (hashes only) and announce it unless Redis holds a newer one; True when written."""
+    return bool(client.eval(*_key_set_args(keys, key_set)))
+
+
+async def write_key_set_async(client: aioredis.Redis, keys: RedisKeys, key_set: ClientKeySet) -> bool:
+    """``write_key_set`` for an asyncio Redis client (tests, benchmarks)."""
+    return bool(await client.eval(*_key_set_args(keys, key_set)))
+
+
+def read_last_used(client: redis.Redis, keys: RedisKeys) -> dict[str, float]:
+    """Key id -> unix seconds of last use, as the gateways recorded it."""
+    raw = client.hgetall(keys.key_last_used)
+    result: dict[str, float] = {}
+    for key_id, value in raw.items():
+        try:
+            result[key_id.decode()] = float(value)
+        except (UnicodeDecodeError, ValueError):
+            continue
+    return result

@@ -17,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from controlplane.fleet.models import Region
+from controlplane.keys.models import ClientKey
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing.contract import PARAMS_BY_ALGORITHM
 
@@ -299,3 +300,31 @@ class RollbackForm(forms.Form):
         self.fields["version"].error_messages["invalid_choice"] = (
             "That version does not belong to this policy."
         )
+
+
+class ClientKeyForm(forms.ModelForm):
+    """Create a client key; the secret is made by the model, never typed."""
+
+    class Meta:
+        model = ClientKey
+        fields = [
+            "name",
+            "owner",
+            "team",
+            "priority",
+            "allowed_models",
+            "allowed_regions",
+            "requests_per_min",
+            "tokens_per_min",
+            "max_concurrent",
+            "expires_at",
+        ]
+        widgets = {
+            "allowed_models": forms.CheckboxSelectMultiple,
+            "allowed_regions": forms.CheckboxSelectMultiple,
+            "expires_at": forms.DateTimeInput(attrs={"type": "datetime-local"}),
+            "requests_per_min": forms.NumberInput(attrs={"placeholder": "unlimited"}),
+            "tokens_per_min": forms.NumberInput(attrs={"placeholder": "unlimited"}),
+            "max_concurrent": forms.NumberInput(attrs={"placeholder": "unlimited"}),
+        }
+        labels = {"allowed_models": "Models", "allowed_regions": "Gateway regions"}

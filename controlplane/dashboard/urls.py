@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from controlplane.dashboard import policy_views, vendor, views
+from controlplane.dashboard import key_views, policy_views, vendor, views
 
 app_name = "dashboard"
 
@@ -24,6 +24,9 @@ urlpatterns = [
     path("policies/<int:pk>/edit/", policy_views.PolicyUpdateView.as_view(), name="policy-edit"),
     path("policies/<int:pk>/publish/", policy_views.PublishView.as_view(), name="policy-publish"),
     path("policies/<int:pk>/rollback/", policy_views.RollbackView.as_view(), name="policy-rollback"),
+    path("keys/", key_views.KeyListView.as_view(), name="key-list"),
+    path("keys/<int:pk>/revoke/", key_views.RevokeKeyView.as_view(), name="key-revoke"),
+    path("keys/<int:pk>/rotate/", key_views.RotateKeyView.as_view(), name="key-rotate"),
     path("data/overview/", views.OverviewData.as_view(), name="data-overview"),
     path("data/breakdown/", views.BreakdownData.as_view(), name="data-breakdown"),
     path("data/cache/", views.CacheData.as_view(), name="data-cache"),

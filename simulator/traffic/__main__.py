@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="send X-Gorgo-Region: <client region> (default on)",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        help="a file holding the gorgo client key to send (Authorization: Bearer); "
+        "else $GORGO_API_KEY, else none",
     )
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
     parser.add_argument("--drain", type=float, default=30.0, help="seconds to wait for answers at the end")
@@ -137,6 +145,9 @@ async def _main(args: argparse.Namespace, plan: WorkloadPlan, targets: dict[str,
             drain_timeout_s=args.drain,
             on_result=on_result,
             stop=stop,
+            api_key=args.api_key_file.read_text().strip()
+            if args.api_key_file
+            else os.environ.get("GORGO_API_KEY"),
         )
     finally:
         progress.cancel()

@@ -114,6 +114,7 @@ async def run_plan(
     on_result: Callable[[RequestResult], None] | None = None,
     stop: asyncio.Event | None = None,
     session: aiohttp.ClientSession | None = None,
+    api_key: str | None = None,
 ) -> list[RequestResult]:
     """Send every arrival of ``plan`` to ``targets[arrival.client_region]`` and return the results.
 
@@ -147,6 +148,7 @@ async def run_plan(
         region_header=region_header,
         timeout=aiohttp.ClientTimeout(total=request_timeout_s),
         record=record,
+        api_key=api_key,
     )
     loop = asyncio.get_running_loop()
     sender.start_s = loop.time()
@@ -188,6 +190,7 @@ class _Sender:
     region_header: bool
     timeout: aiohttp.ClientTimeout
     record: Callable[[RequestResult], None]
+    api_key: str | None = None  # a gorgo client key, sent as Authorization: Bearer
     start_s: float = 0.0
     conversations: dict[str, _ConversationState] = field(default_factory=dict)
 
@@ -248,6 +251,8 @@ class _Sender:
         headers = {"Content-Type": "application/json", SESSION_HEADER: arrival.conversation_id}
         if self.region_header:
             headers[REGION_HEADER] = arrival.client_region
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         payload = msgspec.json.encode(body)
         sent = time.perf_counter()
         async with self.session.post(

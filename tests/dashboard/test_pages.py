@@ -16,7 +16,7 @@ from routing.contract import NodeLiveState, RedisKeys, RTTEntry, RTTTable
 from simulator.harness import free_port
 from tests.dashboard.conftest import Fleet
 
-PAGES = ["/", "/breakdown/", "/cache/", "/nodes/", "/policies/"]
+PAGES = ["/", "/breakdown/", "/cache/", "/nodes/", "/policies/", "/keys/"]
 
 
 def page_data(response) -> dict:

@@ -26,6 +26,8 @@ from routing.config import GatewayConfig
 from routing.contract import (
     SCHEMA_VERSION,
     AlgorithmParams,
+    ClientKeySet,
+    ClientKeySpec,
     ModelSpec,
     NodeLiveState,
     NodeSpec,
@@ -39,7 +41,8 @@ from routing.contract import (
     RTTTable,
     encode,
 )
-from routing.writer import write_snapshot_async
+from routing.keystore import secret_hash
+from routing.writer import write_key_set_async, write_snapshot_async
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REGIONS = (
@@ -298,6 +301,7 @@ def gateway_config(
         "port": 0,
         "request_log_flush_interval_s": 0.01,
         "live_refresh_interval_s": 0.2,
+        "auth": "off",  # these tests are about routing; tests/routing/test_auth*.py turn it on
         **overrides,
     }
     return GatewayConfig(**settings)
@@ -331,3 +335,19 @@ async def running_gateway(config: GatewayConfig, **app_kwargs: Any) -> AsyncIter
         await http.aclose()
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+# ---- client keys -------------------------------------------------------------------------------
+
+
+def make_key(secret: str, key_id: str = "k1", **fields: Any) -> ClientKeySpec:
+    """A key set entry for ``secret`` (what the control plane writes, hash only)."""
+    return ClientKeySpec(id=key_id, secret_sha256=secret_hash(secret), owner="tests", **fields)
+
+
+async def publish_keys(client: aioredis.Redis, keys: RedisKeys, *specs: ClientKeySpec) -> None:
+    """What the control plane does on a key change: write the whole set, announce it."""
+    key_set = ClientKeySet(
+        schema_version=SCHEMA_VERSION, version=time.time_ns() // 1000, written_at=time.time(), keys=specs
+    )
+    await write_key_set_async(client, keys, key_set)

@@ -62,11 +62,20 @@ def publish_policy(
         client.close()
 
 
-def start_gateway(processes, redis_url: str, keys: RedisKeys, name: str = "gateway") -> str:
+def start_gateway(
+    processes, redis_url: str, keys: RedisKeys, name: str = "gateway", env: dict[str, str] | None = None
+) -> str:
     process = processes.start(
         name,
         [sys.executable, "-m", "routing", "--region", "us-east", "--port", "0"],
-        env={"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": keys.prefix, "LOG_LEVEL": "info"},
+        # Auth off, explicitly: these tests are about routing (tests/e2e/test_client_keys.py: keys).
+        env={
+            "REDIS_URL": redis_url,
+            "GORGO_REDIS_PREFIX": keys.prefix,
+            "LOG_LEVEL": "info",
+            "GORGO_AUTH": "off",
+            **(env or {}),
+        },
         ready_text="Uvicorn running on",
     )
     port = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", process.log()).group(1)

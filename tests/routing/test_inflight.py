@@ -44,10 +44,3 @@ class TestInFlight:
         book.begin(1, 100)
         book.set_peer_load({1: NodeLoad(2, 50), 3: NodeLoad(4, 0)})
         assert book.load_view() == {1: NodeLoad(3, 150), 3: NodeLoad(4, 0)}
-
-    def test_it_forgets_failed_nodes_after_the_cool_down(self):
-        book = InFlight()
-        book.mark_down(5, until_s=100.0)
-        assert book.down_nodes(99.0) == {5}
-        assert book.down_nodes(100.0) == frozenset()
-        assert book.down_nodes(99.0) == frozenset()  # expired entries are gone

@@ -1,0 +1,103 @@
+"""The front door of the inference endpoints: client key, scope, concurrency and rate limits.
+
+``Proxy`` calls ``authenticate`` before reading a body (a stranger's body is not worth reading),
+``admit`` once the model and prompt size are known, and ``done`` when the request is over. Each
+refusal is counted (``gorgo_gateway_auth_failures_total``, ``gorgo_gateway_rate_limited_total``).
+The only I/O is the rate limiter's one Redis call, and only for keys that have limits.
+"""
+
+from __future__ import annotations
+
+import time
+
+from routing.asgi import RequestHeaders
+from routing.auth import AuthError, authenticate, authorize, presented_secret
+from routing.contract import ClientKeySpec
+from routing.errors import GatewayError
+from routing.keystore import KeyStore
+from routing.metrics import GatewayMetrics
+from routing.ratelimit import RateLimiter
+from routing.usage import Usage
+
+CONCURRENCY = "concurrency"
+
+
+class Grant:
+    """What ``admit`` granted one request: undone by ``done``."""
+
+    __slots__ = ("charged_tokens", "headers")
+
+    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None) -> None:
+        self.charged_tokens = charged_tokens
+        self.headers = headers
+
+
+class FrontDoor:
+    """Client keys and their limits, for one gateway process."""
+
+    def __init__(self, region: str, store: KeyStore, limiter: RateLimiter, metrics: GatewayMetrics) -> None:
+        self._region = region
+        self.store = store
+        self.limiter = limiter
+        self._metrics = metrics
+        self._open: dict[str, int] = {}  # key id -> requests open in this process
+
+    def authenticate(self, headers: RequestHeaders) -> ClientKeySpec:
+        try:
+            return authenticate(
+                self.store, presented_secret(headers.authorization, headers.api_key), time.time()
+            )
+        except AuthError as exc:
+            self._metrics.auth_failure(exc.reason)
+            raise
+
+    async def admit(self, key: ClientKeySpec, model: str, prompt_tokens_est: int) -> Grant:
+        """Scope, concurrency and rate checks; the request counts toward the key's limits after."""
+        try:
+            authorize(key, model, self._region)
+        except AuthError as exc:
+            self._metrics.auth_failure(exc.reason)
+            raise
+        if key.max_concurrent is not None and self._open.get(key.id, 0) >= key.max_concurrent:
+            self._metrics.rate_limited(key.id, CONCURRENCY)
+            raise GatewayError(
+                429,
+                f"Too many concurrent requests for API key {key.id} (limit {key.max_concurrent}).",
+                code="rate_limit_exceeded",
+                retry_after_s=1,
+            )
+        headers = None
+        charged = 0
+        if RateLimiter.limited(key):
+            verdict = await self.limiter.check(key, prompt_tokens_est)
+            if not verdict.allowed:
+                self._metrics.rate_limited(key.id, verdict.reason or "requests")
+                limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
+                raise GatewayError(
+                    429,
+                    f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
+                    f"Please try again in {verdict.retry_after_s:.3g}s.",
+                    code="rate_limit_exceeded",
+                    retry_after_s=verdict.retry_after_s,
+                    extra_headers=verdict.headers,
+                )
+            headers = verdict.headers
+            charged = prompt_tokens_est if key.tokens_per_min else 0
+        self._open[key.id] = self._open.get(key.id, 0) + 1
+        self.store.touch(key.id, time.monotonic())
+        return Grant(charged, headers)
+
+    def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:
+        """The request is over: free its concurrency slot, settle its tokens, count it."""
+        self._metrics.key_request(key.id, key.priority, status)
+        if grant is None:
+            return
+        self._open[key.id] -= 1
+        if grant.charged_tokens or key.tokens_per_min:
+            if usage is not None and usage.prompt_tokens is not None:
+                used = usage.prompt_tokens + (usage.completion_tokens or 0)
+            elif status >= 400:
+                used = 0  # nothing was generated: give the charge back
+            else:
+                return  # a stream without a usage event: the estimate stands
+            self.limiter.settle(key, grant.charged_tokens, used)

@@ -1,0 +1,205 @@
+"""The client side of the gateway: uvicorn's httptools protocol with a bound on everything.
+
+uvicorn bounds none of these for httptools: the request head's size and header count (a 64 MB
+header was buffered whole and forwarded), the time to send a request head or body (slow clients
+held connections forever), a new connection that never sends anything (the keep-alive timer only
+starts after a first response), and the number of open connections. ``GuardedHttpToolsProtocol``
+adds each, answering like an HTTP server should and closing the connection:
+
+| limit | setting | answer |
+|---|---|---|
+| request head bytes (request line + headers) | ``GORGO_CLIENT_MAX_HEADER_BYTES`` | 431 |
+| header count | ``GORGO_CLIENT_MAX_HEADERS`` | 431 |
+| head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
+| body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
+| open connections per process | ``GORGO_MAX_CONNECTIONS`` | 503 + ``Retry-After`` |
+
+Memory stays bounded: the head is refused once it passes the limit (at most one read buffer
+beyond it is ever held), bodies are paused by uvicorn's flow control and capped by
+``GORGO_MAX_BODY_BYTES`` in the app, and every timer is cancelled with its connection.
+
+The class is named by import string (``routing.server:GuardedHttpToolsProtocol``), so each worker
+process builds it itself; it reads its limits from the environment once per process, and keeps
+its counters (``ClientStats``) on the class, one set per process, which the gateway's metrics read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from routing.config import GatewayConfig
+from routing.errors import GatewayError
+
+
+class ClientStats:
+    """Counters of refused and timed-out clients, for /metrics."""
+
+    __slots__ = ("body_timeouts", "connections", "header_timeouts", "rejected_connections")
+
+    def __init__(self) -> None:
+        self.rejected_connections = 0
+        self.header_timeouts = 0
+        self.body_timeouts = 0
+        self.connections: set[Any] = set()  # uvicorn's own set of open connections, once known
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing (httptools reports it as a parser error)."""
+
+
+def _raw_response(error: GatewayError) -> bytes:
+    body = error.body()
+    reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+    lines = [b"HTTP/1.1 %d %s" % (error.status, reason.get(error.status, b"Error"))]
+    lines += [name + b": " + value for name, value in error.headers()]
+    lines += [b"content-length: %d" % len(body), b"connection: close", b"", body]
+    return b"\r\n".join(lines)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus head limits, read timeouts and a connection cap."""
+
+    stats = ClientStats()
+    _config: GatewayConfig | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = GuardedHttpToolsProtocol._config
+        if config is None:
+            config = GuardedHttpToolsProtocol._config = GatewayConfig.from_env()
+        self._max_head_bytes = config.client_max_header_bytes
+        self._max_headers = config.client_max_headers
+        self._header_timeout_s = config.client_header_timeout_s
+        self._body_timeout_s = config.client_body_timeout_s
+        self._max_connections = config.max_connections
+        self._head_bytes = 0
+        self._header_count = 0
+        self._in_head = True
+        self._refused = False
+        self._head_too_large = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ---- connections ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        GuardedHttpToolsProtocol.stats.connections = self.connections
+        if len(self.connections) >= self._max_connections:
+            self._refused = True
+            GuardedHttpToolsProtocol.stats.rejected_connections += 1
+            self.transport = transport
+            error = GatewayError(503, "The gateway has too many open connections.", retry_after_s=1)
+            transport.write(_raw_response(error))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._refused:
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        # uvicorn's data_received, except that a head over the limits gets 431, not 400.
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._head_too_large:
+                self._refuse(431, "The request head has too many or too large header fields.")
+            else:
+                self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if self._in_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
+            self._refuse(431, f"The request head is larger than {self._max_head_bytes} bytes.")
+
+    # ---- parser callbacks --------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:  # the next request on a kept-alive connection
+            self._in_head = True
+            self._head_bytes = 0
+            self._header_count = 0
+            self._arm(self._header_timeout_s, self._head_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        if len(self.url) + len(url) > self._max_head_bytes:
+            self._head_too_large = True
+            raise _HeadTooLarge
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._max_headers:
+            self._head_too_large = True
+            raise _HeadTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._disarm()
+        super().on_headers_complete()
+        if self.parser is not None and not self.transport.is_closing():
+            self._arm(self._body_timeout_s, self._body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    # ---- limits ------------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        GuardedHttpToolsProtocol.stats.header_timeouts += 1
+        if self._head_bytes == 0:
+            self.transport.close()  # a connection that never said anything gets no answer
+            return
+        self._refuse(408, f"The request head did not arrive within {self._header_timeout_s:g}s.")
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+            return
+        GuardedHttpToolsProtocol.stats.body_timeouts += 1
+        if not cycle.response_started:
+            error = GatewayError(408, f"The request body did not arrive within {self._body_timeout_s:g}s.")
+            self.transport.write(_raw_response(error))
+            cycle.response_complete = True
+        cycle.disconnected = True  # the app sees a disconnect; its later sends are dropped
+        self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._disarm()
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+            return
+        self.transport.write(_raw_response(GatewayError(status, message)))
+        self.transport.close()

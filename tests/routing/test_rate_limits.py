@@ -1,0 +1,152 @@
+"""Per-key limits shared by every gateway through Redis: requests, tokens, concurrency, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from routing.contract import RedisKeys
+from routing.ratelimit import RateLimiter, make_limiter_redis
+from tests.conftest import free_port
+from tests.routing.support import (
+    MODEL,
+    gateway_config,
+    make_key,
+    make_node,
+    make_snapshot,
+    publish,
+    publish_keys,
+    running_gateway,
+    wait_for,
+)
+
+SECRET = "gorgo-sk-k1-rate-limited-secret"
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def setup(aredis, redis_keys, stubs, **limits):
+    await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+    await publish_keys(aredis, redis_keys, make_key(SECRET, **limits))
+
+
+class TestRateLimits:
+    async def test_it_answers_429_with_openai_headers_past_the_request_limit(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        await setup(aredis, redis_keys, stubs, requests_per_min=5)
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            answers = [
+                await gateway.http.post("/v1/chat/completions", json=BODY, headers=AUTH) for _ in range(8)
+            ]
+            metrics = (await gateway.http.get("/metrics")).text
+        assert [answer.status_code for answer in answers] == [200] * 5 + [429] * 3
+        first, refused = answers[0], answers[-1]
+        assert first.headers["x-ratelimit-limit-requests"] == "5"
+        assert first.headers["x-ratelimit-remaining-requests"] == "4"
+        assert first.headers["x-ratelimit-reset-requests"].endswith("s")
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["retry-after"]) >= 1 and int(refused.headers["retry-after-ms"]) > 0
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert 'gorgo_gateway_rate_limited_total{key_id="k1",reason="requests"} 3.0' in metrics
+
+    async def test_two_gateways_share_one_limit(self, aredis, redis_keys, redis_url, stubs):
+        await setup(aredis, redis_keys, stubs, requests_per_min=40)
+        first = gateway_config(redis_keys, redis_url, auth="on", gateway_id="gw-a")
+        second = gateway_config(redis_keys, redis_url, auth="on", gateway_id="gw-b")
+        async with running_gateway(first) as a, running_gateway(second) as b:
+            statuses = []
+            for index in range(80):
+                gateway = a if index % 2 else b
+                statuses.append(
+                    (await gateway.http.post("/v1/chat/completions", json=BODY, headers=AUTH)).status_code
+                )
+        admitted = statuses.count(200)
+        assert 40 <= admitted <= 44, statuses  # the limit, plus what refilled meanwhile (within 10%)
+
+    async def test_it_charges_the_prompt_estimate_and_settles_with_usage(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        await setup(aredis, redis_keys, stubs, tokens_per_min=1000)
+        body = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}  # ~500 tokens estimated
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            first = await gateway.http.post("/v1/chat/completions", json=body, headers=AUTH)
+            remaining_after_charge = int(first.headers["x-ratelimit-remaining-tokens"])
+            # The stub reports 42 prompt + 3 completion tokens: most of the charge comes back.
+            await wait_for(
+                lambda: aredis.hget(redis_keys.rate_limit("k1"), "t"),
+            )
+
+            async def settled() -> bool:
+                level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
+                return level > remaining_after_charge + 400
+
+            await wait_for(settled)
+            second = await gateway.http.post("/v1/chat/completions", json=body, headers=AUTH)
+            third = await gateway.http.post("/v1/chat/completions", json=body, headers=AUTH)
+        assert remaining_after_charge < 600
+        assert second.status_code == 200
+        assert third.status_code in (200, 429)
+        assert second.headers["x-ratelimit-limit-tokens"] == "1000"
+
+    async def test_it_caps_concurrent_requests_per_key(self, aredis, redis_keys, redis_url, stubs):
+        await setup(aredis, redis_keys, stubs, max_concurrent=1)
+        slow = {**BODY, "stub": {"delay_s": 0.5}}
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            answers = await asyncio.gather(
+                gateway.http.post("/v1/chat/completions", json=slow, headers=AUTH),
+                gateway.http.post("/v1/chat/completions", json=slow, headers=AUTH),
+            )
+            after = await gateway.http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+        assert sorted(answer.status_code for answer in answers) == [200, 429]
+        assert after.status_code == 200  # the slot was given back
+
+    async def test_a_key_without_limits_costs_no_redis_call(self, aredis, redis_keys, redis_url, stubs):
+        await setup(aredis, redis_keys, stubs)
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            answer = await gateway.http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+            assert "x-ratelimit-limit-requests" not in answer.headers
+        assert not await aredis.exists(redis_keys.rate_limit("k1"))
+
+
+class TestRedisDownFallback:
+    async def test_it_falls_back_to_local_limits_never_to_unlimited(self):
+        dead = make_limiter_redis(f"redis://127.0.0.1:{free_port()}/0", 0.2)
+        limiter = RateLimiter(dead, RedisKeys(prefix="unused"))
+        key = make_key(SECRET, requests_per_min=3)
+        try:
+            verdicts = [await limiter.check(key, 10) for _ in range(5)]
+        finally:
+            await dead.aclose()
+        assert [verdict.allowed for verdict in verdicts] == [True, True, True, False, False]
+        assert limiter.fallbacks == 5
+        assert verdicts[-1].retry_after_s > 0
+
+    async def test_it_uses_redis_again_once_it_answers(self, redis_url, redis_keys):
+        limiter = RateLimiter(make_limiter_redis(redis_url, 0.25), redis_keys, retry_after_s=0.05)
+        limiter._redis_skip_until = time.monotonic() + 0.05  # as after a failure
+        key = make_key(SECRET, requests_per_min=100)
+        await limiter.check(key, 1)
+        await asyncio.sleep(0.06)
+        await limiter.check(key, 1)
+        assert limiter.fallbacks == 1
+
+
+class TestLeases:
+    async def test_a_gateway_leases_a_slice_of_the_limit_so_most_requests_skip_redis(
+        self, redis_url, redis_keys
+    ):
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=300)  # leases of 3 requests beyond the one asked for
+        try:
+            levels = []
+            for _ in range(5):
+                verdict = await limiter.check(key, 1)
+                assert verdict.allowed
+                levels.append(float(await client.hget(redis_keys.rate_limit(key.id), "r")))
+        finally:
+            await client.aclose()
+        # One script call took 1 + 3; the next three came from the lease; the fifth called again.
+        assert [round(level) for level in levels] == [296, 296, 296, 296, 292]
+        assert verdict.headers[1] == (b"x-ratelimit-remaining-requests", b"295")
