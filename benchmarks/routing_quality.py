@@ -106,7 +106,7 @@ FOUR_REGION_TOPOLOGY_PATH = ROOT / "simulator" / "topologies" / "four-region-sho
 GORGO_POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: (name, {}) for name in ALGORITHMS},
     "prefix_affinity@local": ("prefix_affinity", {"scope": "local"}),
-    "gorgo@displacement": ("gorgo", {"w_displacement": 1.0}),
+    "gorgo@greedy": ("gorgo", {"w_displacement": 0.0}),
 }
 PEERS = (PEER, PEER_LOCAL)
 DEFAULT_POLICIES = (
@@ -115,12 +115,12 @@ DEFAULT_POLICIES = (
     PEER,
     PEER_LOCAL,
     "prefix_affinity@local",
-    "gorgo@displacement",
+    "gorgo@greedy",
     "gorgo",
 )
 QUICK_POLICIES = ("prefix_affinity@local", "gorgo")
-# gorgo@displacement only where overflow happens (the design comparison); the others everywhere.
-OVERFLOW_ONLY_POLICIES = ("gorgo@displacement",)
+# gorgo@greedy only where overflow happens (the design comparison); the others everywhere.
+OVERFLOW_ONLY_POLICIES = ("gorgo@greedy",)
 
 # The fleet (the same for every workload and policy).
 PREFILL_TOKENS_PER_S = 1000.0 / 0.094  # the GORGO paper's 0.094 ms per prompt token

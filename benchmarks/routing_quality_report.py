@@ -19,13 +19,13 @@ PEER = "vllm-router"
 PEER_LOCAL = "vllm-router@local"
 # What operators deploy today: geo-DNS to the nearest region, a cache-aware router per region.
 REGIONAL = (PEER_LOCAL, "prefix_affinity@local")
-GORGO_VARIANTS = ("gorgo", "gorgo@displacement")
+GORGO_VARIANTS = ("gorgo", "gorgo@greedy")
 # The global baselines in the contract's order, the peer, the regional ones, then gorgo last.
 POLICY_ORDER = (
     *(name for name in ALGORITHMS if name != "gorgo"),
     PEER,
     *REGIONAL,
-    "gorgo@displacement",
+    "gorgo@greedy",
     "gorgo",
 )
 REGION_ORDER = ("us-east", "eu-central", "ap-south")
@@ -37,7 +37,7 @@ COLORS = {
     "vllm-router": "#9467bd",
     "vllm-router@local": "#c5b0d5",
     "prefix_affinity@local": "#ffbb78",
-    "gorgo@displacement": "#98df8a",
+    "gorgo@greedy": "#98df8a",
     "gorgo": "#2ca02c",
 }
 
@@ -521,11 +521,11 @@ def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[
     """Each region's own clients with and without the other regions' overflow.
 
     "Without": the regional baseline, where no region sends anything abroad. "With": gorgo (and
-    the displacement-priced variant), where the others may spill into it; "from abroad" is the share of what the
+    the greedy variant), where the others may spill into it; "from abroad" is the share of what the
     region's nodes served that came from other regions' clients.
     """
     without = [p for p in REGIONAL if p in policies]
-    with_ = [p for p in ("gorgo@displacement", "gorgo") if p in policies]
+    with_ = [p for p in ("gorgo@greedy", "gorgo") if p in policies]
     if not without or not with_:
         return []
     lines = [
@@ -613,8 +613,9 @@ NOTES = """
   `vllm-router@local` (one per region over that region's nodes; geo-DNS failover repoints the
   region's clients to the nearest other region while its nodes are down) and
   `prefix_affinity@local` (gorgo's gateways, `scope: local`: abroad only when no local node is
-  healthy). `gorgo` runs with its defaults; `gorgo@displacement` prices the wait a forward adds
-  for the receiving region's clients (`w_displacement` 1), on the overflow scenarios only.
+  healthy). `gorgo` runs with its defaults (which price the wait a forward adds for the receiving
+  region's clients); `gorgo@greedy` leaves that out (`w_displacement` 0), on the overflow
+  scenarios only.
 - **Traffic.** `simulator.traffic` plans, seeded (the seeds above), the same arrivals for every
   policy; clients send to their own region's gateway or router; streamed answers of at most 128
   tokens; TTFT from sending the request to the first content token. The first 10 % of arrivals warm

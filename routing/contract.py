@@ -168,15 +168,14 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     ``default_rtt_ms`` is used for a (region, node) pair with no measurement yet.
     ``chars_per_token`` converts prompt characters to estimated tokens.
     ``w_displacement`` prices what a request sent to another region's node costs that region's
-    own clients (docs/routing.md, "Coordinated overflow"); 0 (the default, what measured best)
-    leaves it out.
+    own clients (docs/routing.md, "Coordinated overflow"); 0 is greedy (each request for itself).
     """
 
     w_rtt: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     w_queue: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     default_rtt_ms: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 100.0
     chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
-    w_displacement: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 0.0
+    w_displacement: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
 
 
 # The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name, and

@@ -18,12 +18,13 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
   Every running sequence takes a slice of each engine step, so prefill runs slower on a busy node;
   ``s`` models that as a proportional slowdown, charged to the queue term.
 - ``matched_tokens``: what the prefix index believes n holds of this prompt.
-- ``displacement_ms`` (coordinated overflow, off by default: ``w_displacement = 0``): 0 for the
+- ``displacement_ms`` (coordinated overflow; ``w_displacement = 0`` is greedy): 0 for the
   gateway's own region; for a node in another region, the wait this request adds for that
   region's own requests arriving while it holds the node: their rate (Little's law: the requests
   outstanding there over ``RESIDENCE_MS``) times its time there (queue + prefill) times what each
-  waits (half its prefill, or all of it when it joins a queue). docs/routing.md has the
-  measurements: on these fleets it kept more overflow at home and did worse than leaving it out.
+  waits (half its prefill, or all of it when it joins a queue). An imported request is usually a
+  cache miss there (another region's prompts), so its prefill is long and the receiving region's
+  cheap cache hits queue behind it; docs/routing.md has the measurements.
 
 The cheapest node wins. Costs within ``TIE_BAND_REL`` (+``TIE_BAND_MS``) of the cheapest are
 ties (the estimate is not more precise than that). Between two tied nodes the lower load wins

@@ -61,7 +61,7 @@ class FleetModel:
 
     def window(self, weights: tuple[float, float], requests: int = WINDOW_REQUESTS) -> float:
         """Route the next ``requests`` arrivals with ``weights``; their p95 TTFT in ms."""
-        params = GorgoParams(w_rtt=weights[0], w_queue=weights[1], w_displacement=0.0)
+        params = GorgoParams(w_rtt=weights[0], w_queue=weights[1])
         regions = list(SHARES)
         ttfts = []
         for _ in range(requests):
