@@ -5,10 +5,13 @@
 Targets (each a real process on 127.0.0.1, all sending to the same mock backend):
 - ``direct``: the mock itself (the baseline every "added" figure is relative to);
 - ``gorgo``: ``python -m routing`` with a real policy snapshot published to Redis (4 nodes,
-  ``least_load`` unless ``--algorithm``) and the request log on;
+  ``least_load`` unless ``--algorithm``) and the request log on; OpenTelemetry tracing off (the
+  default: no ``OTEL_EXPORTER_OTLP_ENDPOINT``);
 - ``gorgo+frontdoor``: the same gateway with its front door on (``GORGO_AUTH=on``, one client key
   with request and token limits, so every request is authenticated and rate-limited); its cost is
   reported against ``gorgo`` (front door off) from the same run;
+- ``gorgo+tracing``: the same with tracing on, every request sampled, spans exported over OTLP/HTTP
+  to a second mock process standing in for the collector (it answers 200 to every POST);
 - ``vllm-router``: the Rust vLLM router (``pip install vllm-router``), when installed;
 - ``asgi+aiohttp`` / ``asgi+httpx``: the smallest possible raw-ASGI proxy on the same uvicorn
   (uvloop, httptools) with each upstream client: the measurement behind the gateway's choice.
@@ -393,6 +396,82 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _tracing_off_ns(loops: int = 2_000_000) -> float:
+    """What the request path's tracing hooks cost while tracing is off, in ns per request.
+
+    The hooks in routing/proxy.py are one slot store (``exchange.span = None``) and three
+    ``is not None`` tests; timed here on the same kinds of objects, minus an empty call. Unlike
+    the end-to-end rows this does not depend on what else the machine runs.
+    """
+    import timeit
+
+    class Exchange:
+        __slots__ = ("span",)
+
+    class Proxy:
+        def __init__(self) -> None:
+            self._tracing = None
+
+    proxy, exchange = Proxy(), Exchange()
+
+    def hooks() -> None:
+        exchange.span = None
+        if proxy._tracing is not None:
+            raise AssertionError
+        if exchange.span is not None:
+            raise AssertionError
+        if exchange.span is not None:
+            raise AssertionError
+
+    def empty() -> None:
+        pass
+
+    best = min(timeit.repeat(hooks, number=loops, repeat=5)) - min(
+        timeit.repeat(empty, number=loops, repeat=5)
+    )
+    return max(best, 0.0) / loops * 1e9
+
+
+def _tracing_on_cpu_us(requests: int = 5000) -> float:
+    """CPU per request of a traced request's span work in-process (start with a traceparent, read
+    the answer, finish from a request record, export in batches to a no-op exporter), in µs.
+
+    Process CPU time, so it depends less on what else the machine runs than the rows above.
+    """
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from routing.contract import SCHEMA_VERSION, CostTerms, NodeSpec, RequestRecord
+    from routing.tracing import GatewayTracing
+
+    class Discard(SpanExporter):
+        def export(self, spans):  # the batches are built, only the network is left out
+            return SpanExportResult.SUCCESS
+
+    tracing = GatewayTracing.with_processor(BatchSpanProcessor(Discard()), region="bench", gateway_id="bench")
+    scope_headers = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    answer = json.dumps(
+        {"id": "chatcmpl-1", "model": MODEL, "choices": [{"index": 0, "finish_reason": "stop"}]}
+    ).encode()
+    cost = CostTerms(node_id=1, total_ms=40.0, rtt_ms=10.0, queue_ms=5.0, prefill_ms=25.0, matched_tokens=64)
+    record = RequestRecord(
+        schema_version=SCHEMA_VERSION, request_id="r", ts=time.time(), gateway_region="bench",
+        gateway_id="bench", model=MODEL, status=200, stream=False, node_id=1, node_region="bench",
+        algorithm="gorgo", policy_version=1, prompt_tokens=12, completion_tokens=8, cost=cost, runner_up=cost,
+    )  # fmt: skip
+    node = NodeSpec(
+        id=1, name="mock-1", region="bench", base_url="http://127.0.0.1:9", models=(MODEL,), gpu_type="H100",
+        gpu_count=1, max_num_seqs=256, prefill_tokens_per_s=10000.0, kv_capacity_tokens=500000, state="active",
+    )  # fmt: skip
+    started = time.process_time()
+    for _ in range(requests):
+        headers = [("Content-Type", "application/json")]
+        span = tracing.start(scope_headers, headers, "chat", CHAT_BODY, time.time())
+        tracing.answer(span, answer, stream=False)
+        tracing.finish(span, record, node)
+    tracing.shutdown()  # the batch exports count too
+    return (time.process_time() - started) / requests * 1e6
+
+
 def _machine() -> dict[str, Any]:
     model = ""
     try:
@@ -456,34 +535,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mock = _start("direct", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
     upstream = f"http://127.0.0.1:{mock.port}"
 
-    def gorgo(algorithm: str, front_door: bool = False) -> Target:
+    helpers: list[Target] = []
+
+    def gorgo(algorithm: str, front_door: bool = False, tracing: bool = False) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
         _publish_policy(redis_url, prefix, upstream, algorithm)
         if front_door:
             _publish_bench_key(redis_url, prefix)
+        env = {
+            "REDIS_URL": redis_url,
+            "GORGO_REDIS_PREFIX": prefix,
+            "LOG_LEVEL": "info",
+            "GORGO_AUTH": "on" if front_door else "off",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "",
+        }
+        if tracing:
+            sink = _start("otlp-sink", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
+            helpers.append(sink)
+            env.update(
+                {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
+                    "OTEL_SERVICE_NAME": "gorgo-bench",
+                    "OTEL_TRACES_SAMPLER": "always_on",
+                }
+            )
+        suffix = ("-frontdoor" if front_door else "") + ("-tracing" if tracing else "")
         target = _start(
-            f"gorgo-{algorithm}{'-frontdoor' if front_door else ''}",
+            f"gorgo-{algorithm}{suffix}",
             [python, "-m", "routing", "--port", "0", "--region", "bench"],
             workdir,
-            {
-                "REDIS_URL": redis_url,
-                "GORGO_REDIS_PREFIX": prefix,
-                "LOG_LEVEL": "info",
-                "GORGO_AUTH": "on" if front_door else "off",
-            },
+            env,
             port_pattern=uvicorn_port,
         )
         target.note = f"policy {algorithm}, 4 nodes, 1 process, request log on"
         if front_door:
             target.auth = BENCH_SECRET
             target.note += ", auth + rate limits on (one key)"
+        if tracing:
+            target.note += ", tracing on (every request)"
         return target
 
     plan: list[tuple[str, Any]] = [
         ("direct", lambda: mock),
         ("gorgo", lambda: gorgo(args.algorithm)),
         ("gorgo+frontdoor", lambda: gorgo(args.algorithm, front_door=True)),
+        ("gorgo+tracing", lambda: gorgo(args.algorithm, tracing=True)),
     ]
     for algorithm in args.also_algorithms:
         plan.append((f"gorgo[{algorithm}]", lambda algorithm=algorithm: gorgo(algorithm)))
@@ -534,6 +632,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     target.stop()
     finally:
         mock.stop()
+        for helper in helpers:
+            helper.stop()
     if any("error" in figures for figures in results.values()):
         print(f"  process logs kept in {workdir}", flush=True)
     else:
@@ -595,6 +695,9 @@ def _markdown(report: dict[str, Any]) -> str:
         f"**{'met' if budget['met'] else 'NOT met'}** {budget['checks']}.",
         "",
         f"gorgo ran with {report['gorgo_setup']}; the request stream received {report['request_log_records']:,} records.",
+        "gorgo+tracing is the same gateway with OpenTelemetry tracing on (every request sampled, a span "
+        "per request exported over OTLP/HTTP to a local sink); gorgo itself runs with tracing off, "
+        "where the request path only tests that the tracer is None and imports nothing of OpenTelemetry.",
     ]
     front_door = report.get("front_door")
     if front_door:
@@ -607,6 +710,13 @@ def _markdown(report: dict[str, Any]) -> str:
             f"≤ {front_door['limits']['added_p50_ms_c1']} ms p50, ≤ {front_door['limits']['rps_c32_loss']:.0%} "
             f"throughput: **{'met' if front_door['met'] else 'NOT met'}**.",
         ]
+    if report.get("tracing_off_hooks_ns") is not None:
+        lines.append(
+            f"Tracing off: the request path's tracing hooks cost {report['tracing_off_hooks_ns']:g} ns per "
+            "request (timeit of the same statements; nothing of OpenTelemetry is imported). Tracing on: "
+            f"{report['tracing_on_cpu_us']:g} µs of CPU per request for the span (started, answered, "
+            "finished, batched for export; process time, in-process)."
+        )
     swap = report.get("policy_swap_ms")
     if swap:
         lines.append(
@@ -685,6 +795,8 @@ def main() -> int:
         },
         "gorgo_setup": f"policy algorithm {args.algorithm}, 4 nodes, 1 worker, request log on",
         "policy_swap_ms": outcome["extras"].get("policy_swap_ms"),
+        "tracing_off_hooks_ns": round(_tracing_off_ns(), 1),
+        "tracing_on_cpu_us": round(_tracing_on_cpu_us(), 1),
         "targets": targets,
         "added": added,
         "budget": {"limits": BUDGET, "checks": checks, "met": bool(checks) and all(checks.values())},

@@ -11,6 +11,7 @@ module-level singleton, so tests can run several gateways in one process.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ from routing.server import GuardedHttpToolsProtocol
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tracing import GatewayTracing, tracing_from_env
 
 logger = logging.getLogger("routing.app")
 
@@ -66,6 +68,7 @@ class Runtime:
     front_door: FrontDoor | None
     limiter_redis: Redis | None
     prober: NodeProber
+    tracing: GatewayTracing | None = None
 
 
 class Gateway:
@@ -77,12 +80,14 @@ class Gateway:
         *,
         registry: Mapping[str, AlgorithmInfo] = REGISTRY,
         prefix_index: ApproxPrefixIndex | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -200,6 +205,7 @@ class Gateway:
                 queue_lengths=admission.lengths,
             )
         )
+        tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
         prober = NodeProber(breakers, session, lambda: store.table)
         proxy = Proxy(
             config,
@@ -214,6 +220,7 @@ class Gateway:
             breakers,
             admission if admission.enabled else None,
             prober,
+            tracing,
         )
         self.runtime = Runtime(
             redis,
@@ -227,6 +234,7 @@ class Gateway:
             front_door,
             limiter_redis,
             prober,
+            tracing,
         )
         await store.start()
         if front_door is not None:
@@ -265,6 +273,8 @@ class Gateway:
         await runtime.redis.aclose()
         if runtime.limiter_redis is not None:
             await runtime.limiter_redis.aclose()
+        if runtime.tracing is not None:
+            await run_bounded(asyncio.to_thread(runtime.tracing.shutdown), 5.0, "gorgo-tracing-flush")
 
     # ---- HTTP --------------------------------------------------------------------------------
 

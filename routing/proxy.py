@@ -54,6 +54,7 @@ from routing.prompt import (
 from routing.requestlog import RequestLog
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tracing import GatewayTracing
 from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
 
 logger = logging.getLogger("routing.proxy")
@@ -81,6 +82,7 @@ class _Exchange:
         "response_started",
         "routing_s",
         "sent_s",
+        "span",
         "status",
         "stream",
         "table",
@@ -111,6 +113,7 @@ class _Exchange:
         self.response_started = False
         self.key: ClientKeySpec | None = None
         self.grant: Grant | None = None  # what the front door granted the key
+        self.span = None  # the OpenTelemetry span, only while tracing is on
 
 
 class Proxy:
@@ -130,6 +133,7 @@ class Proxy:
         breakers: Breakers | None = None,
         admission: Admission | None = None,
         prober: NodeProber | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -150,6 +154,7 @@ class Proxy:
         self._retry_budget = RetryBudget(config.retry_budget_ratio)
         self._admission = admission
         self._prober = prober
+        self._tracing = tracing
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -170,6 +175,10 @@ class Proxy:
                 if front_door is not None:  # before the body: a stranger's body is not worth reading
                     exchange.key = front_door.authenticate(scanned)
                 body = await read_body(receive, scanned.content_length, self._max_body_bytes)
+                if self._tracing is not None:
+                    exchange.span = self._tracing.start(
+                        scope["headers"], headers, endpoint, body, exchange.ts
+                    )
                 if table is None:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
@@ -486,6 +495,8 @@ class Proxy:
             exchange.bytes_out = len(data)
             if status == 200 and "Content-Encoding" not in response.headers:
                 exchange.usage = parse_usage(data)
+            if exchange.span is not None:
+                self._tracing.answer(exchange.span, data, stream=False)
             return
 
         exchange.response_started = True
@@ -536,6 +547,8 @@ class Proxy:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if status == 200:
             exchange.usage = parse_stream_usage(tail)
+        if exchange.span is not None:
+            self._tracing.answer(exchange.span, tail, stream=True)
 
     async def _send_error(self, send: Send, exchange: _Exchange, error: GatewayError) -> None:
         exchange.status = error.status
@@ -599,37 +612,38 @@ class Proxy:
             ):
                 # The index counts its chunks in tokens: it follows the estimate's ratio.
                 self._prefix_index.set_chars_per_token(self._chars_per_token.value)
-            self._request_log.submit(
-                RequestRecord(
-                    schema_version=SCHEMA_VERSION,
-                    request_id=exchange.request_id,
-                    ts=exchange.ts,
-                    gateway_region=self._region,
-                    gateway_id=self._config.gateway_id,
-                    model=parsed.model if parsed is not None else "",
-                    status=exchange.status,
-                    stream=exchange.stream,
-                    node_id=node.id if node is not None else None,
-                    node_region=node.region if node is not None else None,
-                    algorithm=table.snapshot.policy.algorithm if table is not None else None,
-                    policy_version=table.snapshot.version if table is not None else None,
-                    prompt_chars=parsed.prompt_chars if parsed is not None else 0,
-                    prompt_tokens_est=exchange.prompt_tokens_est,
-                    prompt_tokens=usage.prompt_tokens if usage is not None else None,
-                    cached_tokens=details.cached_tokens if details is not None else None,
-                    completion_tokens=usage.completion_tokens if usage is not None else None,
-                    routing_us=exchange.routing_s * 1e6,
-                    gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
-                    ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
-                    total_ms=total_s * 1000,
-                    bytes_out=exchange.bytes_out,
-                    error=exchange.error,
-                    cost=decision.cost if decision is not None else None,
-                    runner_up=decision.runner_up if decision is not None else None,
-                    key_id=exchange.key.id if exchange.key is not None else None,
-                    priority=exchange.key.priority if exchange.key is not None else None,
-                )
+            record = RequestRecord(
+                schema_version=SCHEMA_VERSION,
+                request_id=exchange.request_id,
+                ts=exchange.ts,
+                gateway_region=self._region,
+                gateway_id=self._config.gateway_id,
+                model=parsed.model if parsed is not None else "",
+                status=exchange.status,
+                stream=exchange.stream,
+                node_id=node.id if node is not None else None,
+                node_region=node.region if node is not None else None,
+                algorithm=table.snapshot.policy.algorithm if table is not None else None,
+                policy_version=table.snapshot.version if table is not None else None,
+                prompt_chars=parsed.prompt_chars if parsed is not None else 0,
+                prompt_tokens_est=exchange.prompt_tokens_est,
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                cached_tokens=details.cached_tokens if details is not None else None,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+                routing_us=exchange.routing_s * 1e6,
+                gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
+                ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
+                total_ms=total_s * 1000,
+                bytes_out=exchange.bytes_out,
+                error=exchange.error,
+                cost=decision.cost if decision is not None else None,
+                runner_up=decision.runner_up if decision is not None else None,
+                key_id=exchange.key.id if exchange.key is not None else None,
+                priority=exchange.key.priority if exchange.key is not None else None,
             )
+            self._request_log.submit(record)
+            if exchange.span is not None:
+                self._tracing.finish(exchange.span, record, node)
         except Exception:
             logger.exception("could not record request %s", exchange.request_id)
 

@@ -17,6 +17,7 @@ set the header, such as another router, reaches the node "from" R through ``url_
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,10 @@ from simulator.protocol import (
 from simulator.tokenizer import VOCAB_SIZE, render_chat, tokenize, tokenize_completion_prompt
 from simulator.topology import NodeSpec, Topology
 from simulator.wan import REGION_HEADER, WANEmulator
+
+# Like a traced vLLM, a node sees the W3C trace context its caller sends; it logs it (DEBUG) so a
+# test or an operator can follow a trace from gateway to node.
+trace_log = logging.getLogger("simulator.trace")
 
 NODE_HEADER = "x-gorgo-sim-node"
 _OUT_DELAY_KEY = web.RequestKey("gorgo_out_delay_s", float)
@@ -295,6 +300,9 @@ class SimNode:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         engine = self.engine
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None:
+            trace_log.debug("%s traceparent=%s", self.name, traceparent)
         try:
             body = await request.read()
             parsed: ChatCompletionRequest | CompletionRequest
