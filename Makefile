@@ -8,7 +8,6 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
-export DEBUG ?= true
 export GORGO_DEMO_DURATION_S ?= 3600
 
 .PHONY: help install run test lint format bench clean
@@ -67,6 +66,7 @@ bench: install
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/routing_decision.py && \
+	$(PY) benchmarks/kv_cache_pressure.py && \
 	$(PY) benchmarks/routing_quality.py
 
 clean:

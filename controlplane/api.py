@@ -1,9 +1,12 @@
-"""Project-wide API helpers: one error shape, one validating serializer base, one viewset base."""
+"""Project-wide API helpers: one error shape, one validating serializer base, one viewset base,
+strict field types. Pagination: ``controlplane.pagination``; the schema: ``controlplane.schema``."""
 
 from __future__ import annotations
 
+import logging
+
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import ProtectedError
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
@@ -11,6 +14,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
 from controlplane.deletion import delete_blockers
+
+log = logging.getLogger(__name__)
 
 
 class ConflictError(exceptions.APIException):
@@ -29,13 +34,39 @@ class UnavailableError(Exception):
     """
 
     code = "unavailable"
+    # What the client is told; ``str(exc)`` (which may name internal hosts) goes to the log only.
+    public_detail = "A service the control plane needs is unreachable; nothing was changed. Try again."
+
+
+# Errors that say "this name is taken": a conflict with the current state (409), not bad input.
+UNIQUE_CODES = frozenset({"unique", "unique_together", "unique_constraint"})
+
+
+def _django_error_codes(exc: DjangoValidationError) -> set[str]:
+    errors = [e for errs in exc.error_dict.values() for e in errs] if hasattr(exc, "error_dict") else []
+    return {e.code or "invalid" for e in errors} if errors else {exc.code or "invalid"}
+
+
+def _drf_error_codes(codes) -> set[str]:
+    if isinstance(codes, dict):
+        return set().union(*(_drf_error_codes(c) for c in codes.values())) if codes else set()
+    if isinstance(codes, list):
+        return set().union(*(_drf_error_codes(c) for c in codes)) if codes else set()
+    return {str(codes)}
 
 
 def exception_handler(exc, context):
-    """DRF's handler, plus Django ValidationErrors from Model.clean() as 400 field errors."""
+    """DRF's handler, plus Django ValidationErrors from Model.clean() as 400 field errors.
+
+    Validation errors that are all uniqueness ("a region with this slug already exists") answer
+    409: the input is well-formed, it conflicts with what exists.
+    """
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
-        return Response(detail, status=status.HTTP_400_BAD_REQUEST)
+        conflict = _django_error_codes(exc) <= UNIQUE_CODES
+        return Response(detail, status=status.HTTP_409_CONFLICT if conflict else status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, exceptions.ValidationError) and _drf_error_codes(exc.get_codes()) <= UNIQUE_CODES:
+        return Response(exc.detail, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, ProtectedError):
         # A protected foreign key the in-use checks did not foresee (or a concurrent insert).
         names = ", ".join(sorted(str(obj) for obj in exc.protected_objects)[:20])
@@ -44,10 +75,92 @@ def exception_handler(exc, context):
             status=status.HTTP_409_CONFLICT,
         )
     if isinstance(exc, UnavailableError):
-        return Response({"detail": str(exc), "code": exc.code}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        # The cause names internal hosts and ports: it goes to the log, not to the client.
+        log.warning("%s: %s", exc.code, exc)
+        return Response(
+            {"detail": exc.public_detail, "code": exc.code}, status=status.HTTP_503_SERVICE_UNAVAILABLE
+        )
     if isinstance(exc, exceptions.APIException) or exc is not None:
         return drf_exception_handler(exc, context)
     return None
+
+
+class StrictCharField(serializers.CharField):
+    """A string, only: ``{"name": 0}`` is a 400, not the name "0"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer, only (``"5"`` and ``true`` are 400s; ``5.0`` is 5, as JSON Schema has it)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if isinstance(data, float) and not data.is_integer():
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A JSON number, only (``"1.5"`` and ``true`` are 400s)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """``true`` or ``false``, only (``"yes"`` and ``1`` are 400s)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StrictManyRelatedField(serializers.ManyRelatedField):
+    """A JSON list, only (DRF's own takes any iterable: ``{}`` was an empty list)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, list):
+            self.fail("not_a_list", input_type=type(data).__name__)
+        return super().to_internal_value(data)
+
+
+class StrictSlugRelatedField(serializers.SlugRelatedField):
+    """An object by its name, given as a string (``[0]`` is a 400, not the model named "0")."""
+
+    @classmethod
+    def many_init(cls, *args, **kwargs):
+        field = super().many_init(*args, **kwargs)
+        field.__class__ = StrictManyRelatedField
+        return field
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+STRICT_FIELD_MAPPING = {
+    **serializers.ModelSerializer.serializer_field_mapping,
+    models.CharField: StrictCharField,
+    models.TextField: StrictCharField,
+    models.SlugField: StrictCharField,
+    models.IntegerField: StrictIntegerField,
+    models.SmallIntegerField: StrictIntegerField,
+    models.BigIntegerField: StrictIntegerField,
+    models.PositiveIntegerField: StrictIntegerField,
+    models.PositiveSmallIntegerField: StrictIntegerField,
+    models.PositiveBigIntegerField: StrictIntegerField,
+    models.FloatField: StrictFloatField,
+    models.BooleanField: StrictBooleanField,
+}
 
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
@@ -55,8 +168,10 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
 
     So the API and the admin accept and reject exactly the same objects, with the same field
     errors. Many-to-many values are set after the instance is saved, in one transaction with it,
-    so a fleet change is republished once, complete.
+    so a fleet change is republished once, complete. Field types are strict (``STRICT_FIELD_MAPPING``).
     """
+
+    serializer_field_mapping = STRICT_FIELD_MAPPING
 
     def validate(self, data):
         attrs = dict(data)

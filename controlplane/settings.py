@@ -7,6 +7,7 @@ at start with ImproperlyConfigured, not at 3 a.m.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -63,15 +64,36 @@ def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in envstr(name, default).split(",") if item.strip()]
 
 
+def generated_secret_key(path: Path) -> str:
+    """The key kept in ``path`` (mode 0600), generated on the first start.
+
+    Written to a private temporary file and hard-linked into place, so processes starting at the
+    same time all end up with the one key that won, never a half-written one.
+    """
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process was first: use its key
+        finally:
+            temporary.unlink()
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise ImproperlyConfigured(f"{path} holds no usable SECRET_KEY; delete it to generate a new one")
+    return key
+
+
+# Development mode (tracebacks in pages, every URL listed on a 404): only with DEBUG=true.
 DEBUG = envbool("DEBUG", False)
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set SECRET_KEY in the environment, or DEBUG=true for a development key."
-        )
-    SECRET_KEY = "gorgo-insecure-development-key-do-not-use-in-production"
+# Unset: one generated on the first start and kept in var/secret-key (0600). Several web replicas
+# on different machines must share one: set SECRET_KEY there.
+SECRET_KEY = os.environ.get("SECRET_KEY", "") or generated_secret_key(VAR_DIR / "secret-key")
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
@@ -86,8 +108,18 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Workers, beat and the web process write concurrently; wait instead of failing on a lock.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Workers, beat and web processes write concurrently. SQLite serves that only like this:
+    # WAL (readers never wait for the writer), a busy timeout (a writer waits its turn instead of
+    # failing), and IMMEDIATE transactions (a transaction takes the write lock when it begins, so
+    # two readers-turned-writers can never deadlock into "database is locked", which no timeout
+    # cures). Production fleets should still use PostgreSQL (README, "Configuration").
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 GORGO_REDIS_PREFIX = envstr("GORGO_REDIS_PREFIX", "gorgo")
@@ -109,6 +141,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "controlplane.fleet",
     "controlplane.policies",
@@ -146,6 +179,13 @@ TEMPLATES = [
     },
 ]
 
+# Password sign-ins through the one backend that throttles failures (controlplane/throttling.py).
+AUTHENTICATION_BACKENDS = ["controlplane.throttling.ThrottledModelBackend"]
+# This many failed sign-ins or bad API tokens from one address within the window block it until
+# the window ends (logins refused, API 429).
+GORGO_AUTH_FAILURES = envint("GORGO_AUTH_FAILURES", 10, minimum=1)
+GORGO_AUTH_FAILURE_WINDOW_S = envint("GORGO_AUTH_FAILURE_WINDOW_S", 300, minimum=1)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -165,19 +205,25 @@ LOGOUT_REDIRECT_URL = "dashboard:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "controlplane.throttling.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.permissions.ViewerReadOperatorWrite"],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "controlplane.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON only: with strict field types a form-encoded body (all strings) could not be typed.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": envint("API_PAGE_SIZE", 100, minimum=1),
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.schema.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.exception_handler",
 }
+
+if REST_FRAMEWORK["PAGE_SIZE"] > 1000:
+    raise ImproperlyConfigured("API_PAGE_SIZE must be at most 1000 (the largest page the API serves)")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "gorgo control plane API",
@@ -185,6 +231,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from drf-spectacular-sidecar's static files: the docs work without the internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 CHANNEL_LAYERS = {
@@ -206,7 +256,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Passwords in URLs (redis://:pw@host, ?password=) never reach a log line.
+    "filters": {"mask_urls": {"()": "routing.redact.MaskingFilter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["mask_urls"]}
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
@@ -229,6 +283,9 @@ GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
 LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
 # One OpenAPI enum for the health values used by several telemetry fields.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
+# Fleet changes within this many seconds are republished together, as one version that lists
+# them (a Celery task); 0 republishes each change at once, in the process that made it.
+GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 # Bearer token Prometheus sends to the control plane's /metrics; empty: loopback clients only.
 GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
@@ -238,6 +295,10 @@ GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimu
 GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)
 GORGO_TUNER_MIN_REQUESTS = envint("GORGO_TUNER_MIN_REQUESTS", 200, minimum=20)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.
+# A worker with GORGO_PROBE_REGIONS="*" consumes the probe queue of every region, including ones
+# added while it runs; "eu-central,us-east" names the regions it probes from. Empty: only the
+# queues given with -Q. Regions nobody consumes are not probed (nothing piles up).
+GORGO_PROBE_REGIONS = envstr("GORGO_PROBE_REGIONS", "")
 CELERY_TASK_ROUTES = ("telemetry.tasks.route_task",)
 # Each periodic run expires when the next one is due, so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {

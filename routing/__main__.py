@@ -14,6 +14,7 @@ import sys
 import uvicorn
 
 from routing.config import ConfigError, GatewayConfig
+from routing.redact import MaskingFilter
 
 _FLAGS = {
     "region": "GORGO_REGION",
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(MaskingFilter())  # no URL credentials in any log line
     logging.getLogger("routing").info("starting %r", config)
     uvicorn.run(
         "routing.app:create_app",

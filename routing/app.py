@@ -33,6 +33,8 @@ from routing.errors import JSON_CONTENT_TYPE, GatewayError
 from routing.frontdoor import FrontDoor
 from routing.inflight import InFlight
 from routing.keystore import KeyStore
+from routing.kv_events import EventSource, KVEvents, KVEventsCollector
+from routing.kv_index import KVAwareIndex
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.node_probe import NodeProber
 from routing.policy_store import PolicyStore, make_redis
@@ -45,6 +47,7 @@ from routing.server import GuardedHttpToolsProtocol
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import Tokenizers
 from routing.tracing import GatewayTracing, tracing_from_env
 
 logger = logging.getLogger("routing.app")
@@ -85,6 +88,13 @@ class Gateway:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
+        # Nodes that publish KV events are matched on them, the others on the approximate index.
+        self.kv_events = KVEvents()
+        self.tokenizers = Tokenizers()
+        self.index = KVAwareIndex(self.prefix_index, self.kv_events)
+        self._background: set[asyncio.Task[None]] = set()
+        self._kv_report_stop = asyncio.Event()
+        self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
@@ -134,7 +144,7 @@ class Gateway:
             auto_decompress=False,  # bytes pass through as the node encoded them
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        index = self.prefix_index
+        index = self.index
         ratio = self.chars_per_token
         store = PolicyStore(
             redis,
@@ -143,7 +153,7 @@ class Gateway:
             self.registry,
             live_refresh_interval_s=config.live_refresh_interval_s,
             live_stale_s=config.live_stale_s,
-            on_snapshot=lambda table: _resize_index(index, table, ratio),
+            on_snapshot=lambda table: self._on_snapshot(table),
         )
         request_log = RequestLog(
             redis,
@@ -158,7 +168,7 @@ class Gateway:
             keys,
             gateway_id=config.gateway_id,
             region=config.region,
-            index=index,
+            index=self.prefix_index,
             load_source=lambda: (inflight.outstanding_requests(), inflight.outstanding_prefill_tokens()),
             on_peer_load=inflight.set_peer_load,
         )
@@ -187,6 +197,15 @@ class Gateway:
                 RateLimiter(limiter_redis, keys, lease_fraction=config.ratelimit_lease_fraction),
                 metrics,
             )
+        metrics.add_state_collector(
+            KVEventsCollector(
+                self.kv_events,
+                node_names=lambda: (
+                    {node.id: node.name for node in store.table.snapshot.nodes} if store.table else {}
+                ),
+                cached_tokens=self.index.cached_token_totals,
+            )
+        )
         metrics.add_state_collector(
             StateCollector(
                 inflight,
@@ -221,6 +240,7 @@ class Gateway:
             admission if admission.enabled else None,
             prober,
             tracing,
+            tokenizers=self.tokenizers,
         )
         self.runtime = Runtime(
             redis,
@@ -243,6 +263,10 @@ class Gateway:
         request_log.start()
         self.runtime.prober.start()
         await sharing.start()
+        self._kv_report = asyncio.get_running_loop().create_task(
+            self.kv_events.report(redis, keys, config.gateway_id, config.region, self._kv_report_stop),
+            name="gorgo-kv-state-report",
+        )
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
         # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
         # collection ran every ~18 requests (~4% of CPU, 0.1-0.7 ms pauses). Refcounting frees
@@ -268,6 +292,11 @@ class Gateway:
             await runtime.front_door.limiter.close()
         await runtime.prober.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
+        self._kv_report_stop.set()
+        if self._kv_report is not None:
+            await run_bounded(self._kv_report, 3.0, "gorgo-kv-state-report")
+        await run_bounded(self.kv_events.close(), 3.0, "gorgo-kv-events-stop")
+        self.tokenizers.close()
         await runtime.request_log.close()
         await runtime.session.close()
         await runtime.redis.aclose()
@@ -275,6 +304,30 @@ class Gateway:
             await runtime.limiter_redis.aclose()
         if runtime.tracing is not None:
             await run_bounded(asyncio.to_thread(runtime.tracing.shutdown), 5.0, "gorgo-tracing-flush")
+
+    def _on_snapshot(self, table: RoutingTable) -> None:
+        """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
+        _resize_index(self.index, table, self.chars_per_token)
+        snapshot = table.snapshot
+        self.tokenizers.sync(
+            {
+                model.name: (model.tokenizer.tokenizer_path, model.tokenizer.chat_template_path)
+                for model in snapshot.models
+                if model.tokenizer is not None
+            }
+        )
+        sources = {
+            node.id: EventSource(
+                node.kv_events.endpoint, node.kv_events.replay_endpoint, node.kv_events.topic
+            )
+            for node in snapshot.nodes
+            if node.kv_events is not None
+        }
+        task = asyncio.get_running_loop().create_task(
+            self.kv_events.sync(sources), name="gorgo-kv-events-sync"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # ---- HTTP --------------------------------------------------------------------------------
 

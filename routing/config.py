@@ -13,7 +13,9 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from routing.redact import mask_url
 
 # LOG_LEVEL is the one log-level variable of every gorgo process (control plane, workers, gateway).
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
@@ -27,17 +29,6 @@ _C = TypeVar("_C", bound=str)
 
 class ConfigError(ValueError):
     """An environment variable has a value the gateway cannot run with."""
-
-
-def _mask_url(url: str) -> str:
-    """Hide the password of a ``redis://user:pass@host`` URL (for repr and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +77,11 @@ class GatewayConfig:
         shown = ", ".join(
             f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__ if name != "redis_url"
         )
-        return f"GatewayConfig(redis_url={_mask_url(self.redis_url)!r}, {shown})"
+        return f"GatewayConfig(redis_url={mask_url(self.redis_url)!r}, {shown})"
 
     @property
     def redis_url_masked(self) -> str:
-        return _mask_url(self.redis_url)
+        return mask_url(self.redis_url)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -54,6 +54,7 @@ from routing.prompt import (
 from routing.requestlog import RequestLog
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import PromptIds, Tokenizers
 from routing.tracing import GatewayTracing
 from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
 
@@ -77,6 +78,7 @@ class _Exchange:
         "key",
         "lease",
         "parsed",
+        "prediction",
         "prompt_tokens_est",
         "request_id",
         "response_started",
@@ -98,6 +100,7 @@ class _Exchange:
         self.request_id = ""
         self.parsed: ParsedRequest | None = None
         self.prompt_tokens_est = 0
+        self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
         self.decision: Decision | None = None
         self.lease: Lease | None = None
         self.routing_s = 0.0
@@ -134,6 +137,7 @@ class Proxy:
         admission: Admission | None = None,
         prober: NodeProber | None = None,
         tracing: GatewayTracing | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self._config = config
         self._session = session
@@ -142,6 +146,7 @@ class Proxy:
         self._request_log = request_log
         self._metrics = metrics
         self._prefix_index = prefix_index
+        self._tokenizers = tokenizers
         self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self._region = config.region
         self._gateway_id = config.gateway_id
@@ -238,15 +243,20 @@ class Proxy:
         candidates: tuple[NodeSpec, ...],
         request: RoutingRequest,
         prompt_text: str,
+        prompt_ids: PromptIds | None = None,
     ) -> Decision:
         algorithm = table.algorithm
         # The index is only fed and asked while the policy uses it: a least_load gateway pays
         # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
         # and from the other gateways' shared insertions).
         uses_index = algorithm.needs_prefix_matches
-        matched = (
-            self._prefix_index.match(tuple(node.id for node in candidates), prompt_text) if uses_index else {}
-        )
+        node_ids = tuple(node.id for node in candidates)
+        if not uses_index:
+            matched: dict[int, int] = {}
+        elif prompt_ids is not None and prompt_ids.complete:
+            matched = self._prefix_index.match(node_ids, prompt_text, prompt_ids.ids)
+        else:
+            matched = self._prefix_index.match(node_ids, prompt_text)
         self._sequence += 1
         view = RoutingView(
             table.region,
@@ -263,6 +273,11 @@ class Proxy:
         if uses_index:
             self._prefix_index.insert(decision.node.id, prompt_text)
         return decision
+
+    def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
+        """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
+        wants = getattr(self._prefix_index, "wants_prompt_ids", None)
+        return wants is not None and wants(candidates)
 
     def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
         candidates = table.candidates.get(model)
@@ -315,19 +330,30 @@ class Proxy:
                 admission.claim(node.id)  # from here to the lease in _open: no await
                 with_room = (node,)
             candidates = with_room
+        routing_start_s = time.perf_counter()
+        # The prompt's token ids, when the model has a tokenizer and the policy uses the index
+        # (precise matching on KV events); their count is exact, unlike the estimate.
+        prompt_ids = (
+            self._tokenizers.prompt_ids(parsed.model, endpoint, body)
+            if self._tokenizers is not None
+            and table.algorithm.needs_prefix_matches
+            and self._wants_prompt_ids(candidates)
+            else None
+        )
+        if prompt_ids is not None and prompt_ids.complete:
+            exchange.prompt_tokens_est = len(prompt_ids.ids)
         prompt_tokens_est = exchange.prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
-        routing_start_s = time.perf_counter()
         self._retry_budget.deposit()
-        decision = self._route(table, candidates, request, parsed.prompt_text)
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
 
         response = await self._open(
-            exchange, table, candidates, decision, request, parsed, path, headers, body
+            exchange, table, candidates, decision, request, parsed, path, headers, body, prompt_ids
         )
         try:
             await self._relay(send, exchange, table, response)
@@ -345,6 +371,7 @@ class Proxy:
         path: str,
         headers: list[tuple[str, str]],
         body: bytes,
+        prompt_ids: PromptIds | None = None,
     ) -> aiohttp.ClientResponse:
         """Send the request to the chosen node; before any byte came back, retry on another.
 
@@ -360,6 +387,7 @@ class Proxy:
         while True:
             node = decision.node
             exchange.decision = decision
+            exchange.prediction = getattr(self._prefix_index, "last_prediction", None)
             exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             exchange.sent_s = time.perf_counter()
             hung_watch = (
@@ -451,7 +479,9 @@ class Proxy:
             self._metrics.retry(kind)
             logger.warning("node %s failed before answering (%s); retrying", node.name, kind)
             if remaining:
-                decision = self._route(table, remaining, request, parsed.prompt_text)
+                decision = self._route(table, remaining, request, parsed.prompt_text, prompt_ids)
+            # else: a keep-alive connection the node closed just as we reused it says nothing
+            # about the node; the only candidate gets one more try on a fresh connection.
 
     async def _relay(
         self, send: Send, exchange: _Exchange, table: RoutingTable, response: aiohttp.ClientResponse
@@ -603,6 +633,17 @@ class Proxy:
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
+            prediction = exchange.prediction
+            if (
+                prediction is not None
+                and details is not None
+                and details.cached_tokens is not None
+                and node is not None
+                and prediction[0] == node.id
+            ):
+                record = getattr(self._prefix_index, "record_outcome", None)
+                if record is not None:
+                    record(node.id, prediction[1], prediction[2], details.cached_tokens)
             if (
                 usage is not None
                 and usage.prompt_tokens
@@ -640,6 +681,8 @@ class Proxy:
                 runner_up=decision.runner_up if decision is not None else None,
                 key_id=exchange.key.id if exchange.key is not None else None,
                 priority=exchange.key.priority if exchange.key is not None else None,
+                prefix_index_mode=prediction[1] if prediction is not None else None,
+                predicted_cached_tokens=prediction[2] if prediction is not None else None,
             )
             self._request_log.submit(record)
             if exchange.span is not None:

@@ -46,6 +46,8 @@ from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
 from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
 from telemetry.groups import Breakdown
+from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
+from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate
 
@@ -53,33 +55,8 @@ log = logging.getLogger(__name__)
 
 TOLERANCE_ABS_MS = 25.0
 TOLERANCE_REL = 0.10
-# TTFT histogram of a bucket: bin i holds values in (BIN_BASE_MS * GROWTH**(i-1), BIN_BASE_MS * GROWTH**i].
-# 5 % wide bins: quantiles within 2.5 %, a bucket's histogram stays a few hundred entries at most.
-BIN_BASE_MS = 0.1
-BIN_GROWTH = 1.05
 CLAIM_IDLE_MS = 60_000
 NODE_STATS_WINDOW_S = 300.0
-
-
-def ttft_bin(ttft_ms: float) -> int:
-    if ttft_ms <= BIN_BASE_MS:
-        return 0
-    return math.ceil(math.log(ttft_ms / BIN_BASE_MS) / math.log(BIN_GROWTH) - 1e-9)
-
-
-def histogram_quantile_ms(histogram: dict[str, int], q: float) -> float | None:
-    """The q-quantile of a log-bucketed histogram (geometric middle of the bin it falls in)."""
-    bins = sorted((int(index), count) for index, count in histogram.items() if count > 0)
-    total = sum(count for _, count in bins)
-    if total == 0:
-        return None
-    rank, seen = q * total, 0
-    for index, count in bins:
-        seen += count
-        if seen >= rank:
-            upper = BIN_BASE_MS * BIN_GROWTH**index
-            return round(upper / math.sqrt(BIN_GROWTH) if index > 0 else upper, 3)
-    return None
 
 
 def breakdown_of(row: RequestAggregate) -> Breakdown | None:
@@ -114,6 +91,7 @@ class BucketDelta:
 
     count: int = 0
     errors: int = 0
+    client_errors: int = 0
     ttft_count: int = 0
     ttft_sum_ms: float = 0.0
     ttft_histogram: dict[str, int] = field(default_factory=dict)
@@ -140,12 +118,19 @@ class Contribution:
 
     @property
     def failed(self) -> bool:
-        return self.record.status >= 400 or self.record.error is not None
+        """The fleet failed the request: a 5xx, or no answer at all."""
+        return self.record.status >= 500 or self.record.error is not None
+
+    @property
+    def client_failed(self) -> bool:
+        """The client's request was refused (4xx): not the fleet's failure."""
+        return 400 <= self.record.status < 500 and self.record.error is None
 
     def add_to(self, delta: BucketDelta) -> None:
         record = self.record
         delta.count += 1
         delta.errors += int(self.failed)
+        delta.client_errors += int(self.client_failed)
         if record.prompt_tokens is not None:
             delta.usage_count += 1
             delta.prompt_tokens += record.prompt_tokens
@@ -272,12 +257,15 @@ def apply_batch(entries: list[tuple[str, RequestRecord | None]], rtt: RTTTable |
         deltas = _deltas(contributions(records, rtt), records)
         for key, delta in deltas.items():
             _apply_delta(key, delta)
+        add_key_usage(records)
     return BatchResult(added=len(fresh), duplicates=len(seen), malformed=malformed, touched=tuple(deltas))
 
 
 def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[BucketKey, BucketDelta]:
-    existing_nodes = set(
-        Node.objects.filter(pk__in={r.node_id for r in records if r.node_id}).values_list("pk", flat=True)
+    node_regions = dict(
+        Node.objects.filter(pk__in={r.node_id for r in records if r.node_id}).values_list(
+            "pk", "region__slug"
+        )
     )
     regions = dict(
         Region.objects.filter(slug__in={r.gateway_region for r in records}).values_list("slug", "pk")
@@ -286,10 +274,14 @@ def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[Buc
     for item in items:
         record = item.record
         targets = []
-        if record.node_id in existing_nodes:
+        if record.node_id in node_regions:
             targets.append((ScopeChoices.NODE.value, record.node_id))
         if record.gateway_region in regions:
-            targets.append((ScopeChoices.REGION.value, regions[record.gateway_region]))
+            region_id = regions[record.gateway_region]
+            targets.append((ScopeChoices.REGION.value, region_id))
+            if record.node_id in node_regions:
+                local = node_regions[record.node_id] == record.gateway_region
+                targets.append(((ScopeChoices.LOCAL if local else ScopeChoices.CROSS).value, region_id))
         for resolution, width_s in RESOLUTION_SECONDS.items():
             start = _dt(math.floor(record.ts / width_s) * width_s)
             for scope, target_id in targets:
@@ -302,6 +294,7 @@ def _deltas(items: list[Contribution], records: list[RequestRecord]) -> dict[Buc
 SUMMED_FIELDS = (
     "count",
     "errors",
+    "client_errors",
     "ttft_count",
     "ttft_sum_ms",
     "gateway_sum_ms",
@@ -324,9 +317,7 @@ def _apply_delta(key: BucketKey, delta: BucketDelta) -> RequestAggregate:
     row = RequestAggregate.objects.select_for_update().filter(**lookup).first() or RequestAggregate(**lookup)
     for name in SUMMED_FIELDS:
         setattr(row, name, getattr(row, name) + getattr(delta, name))
-    histogram = dict(row.ttft_histogram or {})
-    for index, count in delta.ttft_histogram.items():
-        histogram[index] = histogram.get(index, 0) + count
+    histogram = add_to_histogram(dict(row.ttft_histogram or {}), delta.ttft_histogram)
     row.ttft_histogram = histogram
     row.ttft_p50_ms = histogram_quantile_ms(histogram, 0.5)
     row.ttft_p90_ms = histogram_quantile_ms(histogram, 0.9)

@@ -12,4 +12,7 @@ class TelemetryConfig(AppConfig):
 
     def ready(self) -> None:
         # Node health, the RTT matrix and task lag on the control plane's /metrics.
-        from telemetry import exporter  # noqa: F401
+        from telemetry import (
+            exporter,  # noqa: F401
+            signals,  # noqa: F401  (connects the receivers)
+        )

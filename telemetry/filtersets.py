@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 import django_filters
 from django import forms
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema_field
 
-from controlplane.fleet.models import Node, Region
+from controlplane.filters import IdFilter, NamesFilter, StrictFilterSet
+from controlplane.keys.choices import PriorityChoices
 from telemetry.choices import ResolutionChoices, ScopeChoices
-from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
 
 TIME_HELP = "ISO 8601 date-time (e.g. 2026-01-01T12:00:00Z) or unix seconds."
 
@@ -35,6 +37,8 @@ class TimestampField(forms.Field):
         except ValueError:
             pass
         else:
+            if seconds < 0:
+                raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
             try:
                 return datetime.fromtimestamp(seconds, tz=UTC)
             except (OverflowError, OSError, ValueError):
@@ -48,6 +52,7 @@ class TimestampField(forms.Field):
         return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
+@extend_schema_field({"oneOf": [{"type": "string", "format": "date-time"}, {"type": "number", "minimum": 0}]})
 class TimestampFilter(django_filters.Filter):
     field_class = TimestampField
 
@@ -63,7 +68,7 @@ class TimeRangeForm(forms.Form):
         return cleaned
 
 
-class TimeRangeFilterSet(django_filters.FilterSet):
+class TimeRangeFilterSet(StrictFilterSet):
     """Base: ``since`` (inclusive) and ``until`` (exclusive) over the model's ``ts``."""
 
     since = TimestampFilter(
@@ -72,13 +77,11 @@ class TimeRangeFilterSet(django_filters.FilterSet):
     until = TimestampFilter(
         field_name="ts", lookup_expr="lt", label=f"Before this time (exclusive). {TIME_HELP}"
     )
-    node = django_filters.ModelChoiceFilter(queryset=Node.objects.all(), label="Node id.")
+    node = IdFilter(field_name="node_id", label="Node id.")
 
 
 class RTTSampleFilterSet(TimeRangeFilterSet):
-    region = django_filters.ModelChoiceFilter(
-        queryset=Region.objects.all(), to_field_name="slug", label="Probing region (slug)."
-    )
+    region = NamesFilter(field_name="region__slug", label="Probing region (slug).")
 
     class Meta:
         model = RTTSample
@@ -87,12 +90,7 @@ class RTTSampleFilterSet(TimeRangeFilterSet):
 
 
 class MetricSampleFilterSet(TimeRangeFilterSet):
-    region = django_filters.ModelChoiceFilter(
-        field_name="node__region",
-        queryset=Region.objects.all(),
-        to_field_name="slug",
-        label="Node region (slug).",
-    )
+    region = NamesFilter(field_name="node__region__slug", label="Node region (slug).")
 
     class Meta:
         model = MetricSample
@@ -101,12 +99,7 @@ class MetricSampleFilterSet(TimeRangeFilterSet):
 
 
 class HealthEventFilterSet(TimeRangeFilterSet):
-    region = django_filters.ModelChoiceFilter(
-        field_name="node__region",
-        queryset=Region.objects.all(),
-        to_field_name="slug",
-        label="Node region (slug).",
-    )
+    region = NamesFilter(field_name="node__region__slug", label="Node region (slug).")
 
     class Meta:
         model = HealthEvent
@@ -127,11 +120,33 @@ class RequestAggregateFilterSet(TimeRangeFilterSet):
         choices=ResolutionChoices.choices, label="Bucket width: 10s or 1m."
     )
     scope = django_filters.ChoiceFilter(choices=ScopeChoices.choices, label="node or region.")
-    region = django_filters.ModelChoiceFilter(
-        queryset=Region.objects.all(), to_field_name="slug", label="Gateway region (slug)."
-    )
+    region = NamesFilter(field_name="region__slug", label="Gateway region (slug).")
 
     class Meta:
         model = RequestAggregate
+        fields: list[str] = []
+        form = TimeRangeForm
+
+
+class KeyUsageFilterSet(StrictFilterSet):
+    """Buckets of one key (``key``: its public id, also of a deleted key), of a team, of a priority class."""
+
+    since = TimestampFilter(
+        field_name="bucket_start", lookup_expr="gte", label=f"Buckets starting at or after. {TIME_HELP}"
+    )
+    until = TimestampFilter(
+        field_name="bucket_start", lookup_expr="lt", label=f"Buckets starting before. {TIME_HELP}"
+    )
+    resolution = django_filters.ChoiceFilter(
+        choices=ResolutionChoices.choices, label="Bucket width: 10s or 1m."
+    )
+    key = django_filters.CharFilter(
+        field_name="key_id", max_length=16, label="Client key id (the public id, e.g. 3f9a1c2e)."
+    )
+    team = django_filters.CharFilter(field_name="team", max_length=100, label="The keys' team (exact).")
+    priority = django_filters.ChoiceFilter(choices=PriorityChoices.choices, label="Priority class.")
+
+    class Meta:
+        model = KeyUsageAggregate
         fields: list[str] = []
         form = TimeRangeForm

@@ -2,8 +2,9 @@
 
 The latest values ("live state") live in Redis for the gateways; these tables keep history for the
 dashboard and the API. Every table has an index that starts with the columns the dashboard filters
-on and ends with the timestamp, so time-range queries are index scans. Retention is enforced by the
-``telemetry.prune`` task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
+on and ends with the timestamp, so time-range queries are index scans. Deleting a node or region
+never deletes its history (see ``KEPT_NAME_HELP``). Retention is enforced by the ``telemetry.prune``
+task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,22 @@ from __future__ import annotations
 from django.db import models
 
 from telemetry.choices import CheckChoices, HealthChoices, ResolutionChoices, ScopeChoices
+
+# History outlives the fleet: deleting a node or region keeps its rows (foreign key set to NULL)
+# and writes its name here first (``telemetry.signals``), so charts and the API still say whose.
+KEPT_NAME_HELP = "Kept when the node or region is deleted (the foreign key is then null)."
+
+
+class KeptNamesMixin:
+    """``node_label`` / ``region_label``: the object's name, or the name kept after its delete."""
+
+    @property
+    def node_label(self) -> str | None:
+        return self.node.name if self.node_id is not None else (self.node_name or None)
+
+    @property
+    def region_label(self) -> str | None:
+        return self.region.slug if self.region_id is not None else (self.region_slug or None)
 
 
 class NodeHealth(models.Model):
@@ -35,10 +52,13 @@ class NodeHealth(models.Model):
         return f"{self.node_id}: {self.health}"
 
 
-class HealthEvent(models.Model):
+class HealthEvent(KeptNamesMixin, models.Model):
     """One health transition of a node, with the check that caused it."""
 
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="health_events")
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="health_events"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     previous = models.CharField(max_length=16, choices=HealthChoices.choices)
     current = models.CharField(max_length=16, choices=HealthChoices.choices)
@@ -58,15 +78,21 @@ class HealthEvent(models.Model):
         return f"{self.node_id} {self.previous}->{self.current} at {self.ts:%Y-%m-%d %H:%M:%S}"
 
 
-class RTTSample(models.Model):
+class RTTSample(KeptNamesMixin, models.Model):
     """One application-level round trip (GET /health) from a region to a node.
 
     ``rtt_ms`` is request sent -> response headers received on an open connection; when the probe
     had to open a new connection, the TCP (and TLS) setup is in ``connect_ms``, not in ``rtt_ms``.
     """
 
-    region = models.ForeignKey("fleet.Region", on_delete=models.CASCADE, related_name="rtt_samples")
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="rtt_samples")
+    region = models.ForeignKey(
+        "fleet.Region", on_delete=models.SET_NULL, null=True, blank=True, related_name="rtt_samples"
+    )
+    region_slug = models.CharField(max_length=64, blank=True, help_text=KEPT_NAME_HELP)
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="rtt_samples"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     ok = models.BooleanField()
     rtt_ms = models.FloatField(null=True, blank=True)
@@ -88,7 +114,7 @@ class RTTSample(models.Model):
         return f"{self.region_id}->{self.node_id} {self.rtt_ms} ms"
 
 
-class MetricSample(models.Model):
+class MetricSample(KeptNamesMixin, models.Model):
     """One scrape of a node's vLLM /metrics, reduced to the interval since the previous scrape.
 
     Gauges are as scraped; rates, hit rate and latency figures cover (ts - interval_s, ts]. The
@@ -97,7 +123,10 @@ class MetricSample(models.Model):
     ``{"ttft": {"count": n, "mean_ms": .., "p50_ms": .., "p90_ms": .., "p99_ms": ..}, ...}``.
     """
 
-    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="metric_samples")
+    node = models.ForeignKey(
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="metric_samples"
+    )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     ts = models.DateTimeField()
     ok = models.BooleanField()
     error = models.CharField(max_length=300, blank=True)
@@ -135,7 +164,7 @@ class MetricSample(models.Model):
         return f"{self.node_id} at {self.ts:%Y-%m-%d %H:%M:%S}"
 
 
-class RequestAggregate(models.Model):
+class RequestAggregate(KeptNamesMixin, models.Model):
     """Finished requests of one time bucket, per node or per gateway region.
 
     Sums, not means, so that adding a batch of records is a plain addition; means and the TTFT
@@ -148,14 +177,21 @@ class RequestAggregate(models.Model):
     resolution = models.CharField(max_length=4, choices=ResolutionChoices.choices)
     scope = models.CharField(max_length=8, choices=ScopeChoices.choices)
     node = models.ForeignKey(
-        "fleet.Node", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+        "fleet.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="request_aggregates"
     )
+    node_name = models.CharField(max_length=100, blank=True, help_text=KEPT_NAME_HELP)
     region = models.ForeignKey(
-        "fleet.Region", on_delete=models.CASCADE, null=True, blank=True, related_name="request_aggregates"
+        "fleet.Region", on_delete=models.SET_NULL, null=True, blank=True, related_name="request_aggregates"
     )
+    region_slug = models.CharField(max_length=64, blank=True, help_text=KEPT_NAME_HELP)
     bucket_start = models.DateTimeField()
     count = models.PositiveIntegerField(default=0)
-    errors = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(
+        default=0, help_text="Server-side failures: 5xx answers and requests that got no answer."
+    )
+    client_errors = models.PositiveIntegerField(
+        default=0, help_text="4xx answers: the client's own mistakes, not the fleet's."
+    )
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0.0)
     ttft_histogram = models.JSONField(default=dict, blank=True, help_text="Log-bucketed TTFT counts.")
@@ -189,6 +225,11 @@ class RequestAggregate(models.Model):
                 condition=models.Q(scope="region"),
                 name="telemetry_aggregate_unique_region_bucket",
             ),
+            models.UniqueConstraint(
+                fields=["resolution", "scope", "region", "bucket_start"],
+                condition=models.Q(scope__in=["local", "cross"]),
+                name="telemetry_aggregate_unique_split_bucket",
+            ),
         ]
         indexes = [
             models.Index(fields=["resolution", "scope", "bucket_start"], name="telemetry_agg_res_scope_ts"),
@@ -197,12 +238,20 @@ class RequestAggregate(models.Model):
         ]
 
     def __str__(self) -> str:
-        target = f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"region {self.region_id}"
+        target = (
+            f"node {self.node_id}" if self.scope == ScopeChoices.NODE else f"{self.scope} {self.region_id}"
+        )
         return f"{self.resolution} {target} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
 
     @property
     def error_rate(self) -> float | None:
+        """Server-side failures (5xx, no answer) per request."""
         return _ratio(self.errors, self.count)
+
+    @property
+    def client_error_rate(self) -> float | None:
+        """4xx answers per request."""
+        return _ratio(self.client_errors, self.count)
 
     @property
     def network_known(self) -> float | None:
@@ -239,3 +288,78 @@ class ProcessedRequestEntry(models.Model):
 
     def __str__(self) -> str:
         return self.stream_id
+
+
+class KeyUsageAggregate(models.Model):
+    """Finished requests of one time bucket made with one client key (and priority class).
+
+    Sums like ``RequestAggregate``, read per key or summed per team. ``key_id`` is the key's public
+    id as the gateway logged it (never its secret), kept even after the key is deleted; ``team`` is
+    the key's team when the requests were aggregated. Status classes: ``errors_4xx`` (refused by
+    the gateway or the node: bad input, auth, limits, client gone), ``errors_5xx`` (the fleet
+    failed: a 5xx, or a stream that broke after its 2xx); of the 4xx, ``limited`` are 429s (rate
+    limits) and ``refused`` are 401/403s (key not valid, model or region not allowed).
+    """
+
+    resolution = models.CharField(max_length=4, choices=ResolutionChoices.choices)
+    bucket_start = models.DateTimeField()
+    key_id = models.CharField(max_length=16, help_text="The client key's public id.")
+    client_key = models.ForeignKey(
+        "keys.ClientKey",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="usage_aggregates",
+        help_text="Empty when the key was deleted (or unknown when aggregated).",
+    )
+    team = models.CharField(max_length=100, blank=True, help_text="The key's team when aggregated.")
+    priority = models.CharField(
+        max_length=16, blank=True, help_text="Priority class the gateway applied (interactive, batch)."
+    )
+    count = models.PositiveIntegerField(default=0)
+    errors_4xx = models.PositiveIntegerField(default=0)
+    errors_5xx = models.PositiveIntegerField(default=0)
+    limited = models.PositiveIntegerField(default=0, help_text="429: over a rate limit or queue.")
+    refused = models.PositiveIntegerField(default=0, help_text="401/403: key or model/region refused.")
+    prompt_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="The node's usage, else the gateway's estimate."
+    )
+    completion_tokens = models.PositiveBigIntegerField(default=0, help_text="From the node's usage.")
+    cached_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens the node had cached.")
+    usage_count = models.PositiveIntegerField(default=0, help_text="Records that carried the node's usage.")
+    ttft_count = models.PositiveIntegerField(default=0)
+    ttft_sum_ms = models.FloatField(default=0.0)
+    ttft_histogram = models.JSONField(default=dict, blank=True, help_text="Log-bucketed TTFT counts.")
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p99_ms = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-bucket_start", "key_id", "priority"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["resolution", "key_id", "priority", "bucket_start"],
+                name="telemetry_key_usage_unique_bucket",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["resolution", "bucket_start"], name="telemetry_keyuse_res_ts"),
+            models.Index(fields=["key_id", "resolution", "bucket_start"], name="telemetry_keyuse_key_ts"),
+            models.Index(fields=["team", "resolution", "bucket_start"], name="telemetry_keyuse_team_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.resolution} key {self.key_id} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def errors(self) -> int:
+        return self.errors_4xx + self.errors_5xx
+
+    @property
+    def error_rate(self) -> float | None:
+        """(4xx + 5xx) / count."""
+        return _ratio(self.errors, self.count)
+
+    @property
+    def ttft_mean_ms(self) -> float | None:
+        return round(self.ttft_sum_ms / self.ttft_count, 3) if self.ttft_count else None

@@ -7,7 +7,8 @@ runs never overlap, even with several workers. The work itself is in ``rounds.py
 ``aggregation.py``.
 
 Queues: ``telemetry.probe_region(slug)`` runs on ``probe.<slug>`` (``route_task``), so the RTT is
-measured from a worker in that region; everything else runs on the default queue.
+measured from a worker in that region; everything else runs on the default queue. Probe workers
+follow new regions without a restart, and only covered regions are probed (``probe_workers``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.db.models import Q
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from controlplane.locks import task_lock
-from telemetry import aggregation, rounds
+from telemetry import aggregation, probe_workers, rounds
 from telemetry.choices import ResolutionChoices, ScopeChoices
 from telemetry.groups import AggregatesUpdate, BucketCell
 from telemetry.live import forget_missing, push_dashboard
@@ -33,7 +34,8 @@ from telemetry.probes import node_http
 
 log = logging.getLogger(__name__)
 
-PROBE_QUEUE_PREFIX = "probe."
+PROBE_QUEUE_PREFIX = probe_workers.PROBE_QUEUE_PREFIX
+probe_queue = probe_workers.probe_queue
 
 # (soft, hard) time limits in seconds. A round talks to every node concurrently, each call bounded
 # by its own timeout, so the limits only trip on a stuck database or Redis.
@@ -42,10 +44,6 @@ PROBE_LIMITS_S = (settings.GORGO_PROBE_TIMEOUT_S * 2 + 10, settings.GORGO_PROBE_
 SCRAPE_LIMITS_S = (settings.GORGO_SCRAPE_TIMEOUT_S * 2 + 20, settings.GORGO_SCRAPE_TIMEOUT_S * 2 + 25)
 AGGREGATE_LIMITS_S = (60, 75)
 PRUNE_LIMITS_S = (600, 660)
-
-
-def probe_queue(region_slug: str) -> str:
-    return f"{PROBE_QUEUE_PREFIX}{region_slug}"
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):
@@ -64,17 +62,24 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     ignore_result=True,
 )
 def probe_fanout() -> int:
-    """Enqueue one probe per region on that region's queue; drop live state of removed nodes."""
+    """Enqueue one probe per covered region on its queue; drop live state of removed nodes.
+
+    Returns how many probes were enqueued. A region no worker consumes gets none.
+    """
     client, keys = redis_client(), redis_keys()
     with task_lock(client, keys, "probe-fanout", FANOUT_LIMITS_S[1]) as acquired:
         if not acquired:
             return 0
         slugs = list(Region.objects.order_by("slug").values_list("slug", flat=True))
+        covered = probe_workers.covered_regions(client, slugs)
         for slug in slugs:
+            if slug not in covered:
+                log.debug("no worker probes from %s: not enqueued", slug)
+                continue
             # A probe that waited longer than one interval measures nothing useful: let it expire.
             probe_region.apply_async(args=[slug], expires=settings.GORGO_PROBE_INTERVAL_S)
         forget_missing(client, keys, Node.objects.values_list("pk", flat=True), slugs)
-        return len(slugs)
+        return len(covered)
 
 
 @shared_task(

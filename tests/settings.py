@@ -11,6 +11,8 @@ import os
 import uuid
 
 os.environ.setdefault("DEBUG", "true")
+# Fleet changes republish at once in tests (the coalescing tests set a delay of their own).
+os.environ.setdefault("GORGO_REPUBLISH_DELAY_S", "0")
 os.environ.setdefault("GORGO_REDIS_PREFIX", f"gorgotest-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 from controlplane.settings import *  # noqa: F403

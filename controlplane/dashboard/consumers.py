@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from telemetry.groups import DASHBOARD_GROUP
@@ -11,12 +13,21 @@ from telemetry.groups import DASHBOARD_GROUP
 # Close code for "sign in first" (4000-4999 are the application's). The socket is accepted and
 # then closed so the browser sees the code and stops retrying instead of looping on a 403.
 CLOSE_UNAUTHENTICATED = 4401
+# "Try again later" (RFC 6455): the channel layer (Redis) is unreachable. The browser shows that
+# it is reconnecting and retries with backoff until Redis is back.
+CLOSE_TRY_AGAIN_LATER = 1013
+# What an unreachable channel layer raises (redis-py's errors, or the socket's own).
+LAYER_ERRORS = (redis.RedisError, OSError)
+
+log = logging.getLogger(__name__)
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """Forwards telemetry's dashboard updates (and new policy versions) to one signed-in browser.
 
-    Anonymous sockets are closed with ``CLOSE_UNAUTHENTICATED``. Messages reach the browser as
+    Anonymous sockets are closed with ``CLOSE_UNAUTHENTICATED``; while Redis (the channel layer)
+    is unreachable, sockets are closed cleanly with ``CLOSE_TRY_AGAIN_LATER``, never with a
+    traceback and an HTTP 500, and the browser reconnects by itself. Messages reach the browser as
     JSON with the same ``type`` and fields the group message had (docs/telemetry.md,
     docs/dashboard.md); the browser only listens, anything it sends is ignored.
     """
@@ -29,13 +40,34 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        try:
+            await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        except LAYER_ERRORS as exc:
+            log.warning("dashboard socket refused for now: channel layer unreachable: %s", exc)
+            await self.accept()  # accepted only to be able to say why it closes
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            return
         self.groups_joined = (DASHBOARD_GROUP,)
         await self.accept()
 
+    async def __call__(self, scope, receive, send) -> None:
+        # The layer's receive loop runs beside the socket's; when Redis goes away under an open
+        # socket it raises here. Close the socket cleanly instead of dying with a traceback.
+        try:
+            await super().__call__(scope, receive, send)
+        except LAYER_ERRORS as exc:
+            log.warning("dashboard socket closed: channel layer unreachable: %s", exc)
+            try:
+                await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER})
+            except Exception:
+                pass
+
     async def disconnect(self, code: int) -> None:
         for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            try:
+                await self.channel_layer.group_discard(group, self.channel_name)
+            except LAYER_ERRORS:
+                pass  # the membership expires in Redis by itself (channels_redis group_expiry)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         return None  # the page only listens

@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin, PermissionRequiredMixin
 from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Count, Max
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -27,6 +28,8 @@ from controlplane.policies import publishing, review
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract
 from routing.contract import PolicySnapshot
+
+VERSIONS_PER_PAGE = 25
 
 
 class PolicyPageMixin(PageChrome):
@@ -125,7 +128,11 @@ class PolicyDetailView(PolicyPageMixin, DetailView):
         context = super().get_context_data(**kwargs)
         policy = self.object
         context["review"] = policy_review(policy)
-        context["versions"] = policy.versions.select_related("author", "rolled_back_from")
+        # Paged: a fleet that changes all day publishes thousands of versions.
+        versions = Paginator(
+            policy.versions.select_related("rolled_back_from").order_by("-number"), VERSIONS_PER_PAGE
+        ).get_page(self.request.GET.get("page"))
+        context["versions"] = versions
         context["publish_form"] = PublishForm(initial={"checksum": context["review"]["checksum"]})
         context["changes"] = audit.recent_for(policy)
         context["can_publish"] = self.request.user.has_perm("policies.publish_routingpolicy")
@@ -194,7 +201,7 @@ def _publish_and_report(request: HttpRequest, back: HttpResponse, run) -> HttpRe
         text = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in details.items())
         messages.error(request, f"Not published: {text}")
     except publishing.PublishError as exc:
-        messages.error(request, f"Not published, nothing changed: {exc}")
+        messages.error(request, f"Not published, nothing changed: {exc.public_detail}")
     else:
         if result.created:
             messages.success(

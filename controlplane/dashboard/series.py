@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from telemetry.aggregation import SUMMED_FIELDS, breakdown_of, histogram_quantile_ms
+from controlplane.keys.models import ClientKey
+from telemetry.aggregation import SUMMED_FIELDS, breakdown_of
 from telemetry.choices import ScopeChoices
-from telemetry.models import MetricSample, RequestAggregate
+from telemetry.histogram import add_to_histogram, histogram_quantile_ms
+from telemetry.keyusage import KEY_USAGE_SUMMED_FIELDS
+from telemetry.models import KeyUsageAggregate, MetricSample, RequestAggregate
 
 COMPONENTS = ("gateway", "network", "queue", "prefill", "other")
 HEADLINE_WINDOW_S = 60
@@ -57,7 +60,13 @@ class Merged:
 
     @property
     def errors(self) -> int:
+        """Server-side failures: 5xx and no answer."""
         return int(self.sums["errors"])
+
+    @property
+    def client_errors(self) -> int:
+        """4xx answers."""
+        return int(self.sums["client_errors"])
 
     def add(self, row: dict[str, Any]) -> None:
         for name in SUMMED_FIELDS:
@@ -72,10 +81,17 @@ class Merged:
         return histogram_quantile_ms(self.histogram, q)
 
     def summary(self) -> dict[str, Any]:
-        """Counts, TTFT percentiles, the mean breakdown and the median-bucket breakdown."""
+        """Counts, TTFT percentiles, the mean breakdown and the median bucket's breakdown.
+
+        In ``mean`` and ``p50`` the parts add up to their own ``ttft`` (the same statistic):
+        ``mean`` is every request's mean, ``p50`` the median bucket (by its mean TTFT, weighted by
+        requests) with that bucket's parts. ``ttft_p50_ms`` is the measured median, a different
+        figure, shown apart.
+        """
         return {
             "count": self.count,
             "errors": self.errors,
+            "client_errors": self.client_errors,
             "ttft_p50_ms": self.quantile_ms(0.5),
             "ttft_p99_ms": self.quantile_ms(0.99),
             "ttft_mean_ms": (
@@ -84,7 +100,7 @@ class Merged:
                 else None
             ),
             "mean": _breakdown(self.sums),
-            "p50": _weighted_median_parts(self.bucket_means),
+            "p50": _median_bucket_parts(self.bucket_means),
             "prompt_tokens": self.sums["prompt_tokens"],
             "cached_tokens": self.sums["cached_tokens"],
             "predicted_cached_tokens": self.sums["predicted_cached_tokens"],
@@ -100,24 +116,22 @@ def _breakdown(sums: dict[str, Any]) -> dict[str, float] | None:
     return {name: getattr(parts, f"{name}_ms") for name in COMPONENTS} | {"ttft": parts.ttft_mean_ms}
 
 
-def _weighted_median_parts(bucket_means: list[tuple[int, dict[str, float]]]) -> dict[str, float] | None:
-    """Per part, the median over buckets of the bucket's mean (weighted by requests).
+def _median_bucket_parts(bucket_means: list[tuple[int, dict[str, float]]]) -> dict[str, float] | None:
+    """The parts of the median bucket: the bucket whose mean TTFT is the weighted median.
 
-    The telemetry tables keep only sums of the parts, so this "typical bucket" is the robust
-    counterpart of the mean: one slow burst moves the mean, not the median.
+    One bucket's parts, so they add up to its TTFT. (Taking each part's own median over buckets,
+    as this did before, stacked to about twice the TTFT drawn beside it: the medians of parts are
+    not parts of the median.)
     """
     if not bucket_means:
         return None
-    result = {}
     total = sum(weight for weight, _ in bucket_means)
-    for name in (*COMPONENTS, "ttft"):
-        seen = 0
-        for weight, parts in sorted(bucket_means, key=lambda item, n=name: item[1][n]):
-            seen += weight
-            if seen * 2 >= total:
-                result[name] = round(parts[name], 3)
-                break
-    return result
+    seen = 0
+    for weight, parts in sorted(bucket_means, key=lambda item: item[1]["ttft"]):
+        seen += weight
+        if seen * 2 >= total:
+            return {name: round(value, 3) for name, value in parts.items()}
+    return None
 
 
 def _dt(seconds: float) -> datetime:
@@ -148,7 +162,7 @@ def _buckets(
 
 
 def _key(row: dict[str, Any]) -> str:
-    return row["region__slug"] if row["scope"] == ScopeChoices.REGION else str(row["node_id"])
+    return str(row["node_id"]) if row["scope"] == ScopeChoices.NODE else row["region__slug"]
 
 
 def overview(now_s: float | None = None) -> dict[str, Any]:
@@ -186,7 +200,9 @@ def overview(now_s: float | None = None) -> dict[str, Any]:
             "ttft_p50_ms": fleet.quantile_ms(0.5),
             "ttft_p99_ms": fleet.quantile_ms(0.99),
             "rate_rps": fleet.count / HEADLINE_WINDOW_S,
+            # The fleet's failures (5xx, no answer) apart from the clients' own mistakes (4xx).
             "error_rate": fleet.errors / fleet.count if fleet.count else None,
+            "client_error_rate": fleet.client_errors / fleet.count if fleet.count else None,
             "hit_rate": hits / queries if queries else None,
         },
         "regions": {
@@ -205,7 +221,7 @@ def breakdown(window: Window, now_s: float | None = None) -> dict[str, Any]:
     """Per region and per node: TTFT percentiles and its parts over the window; TTFT per step."""
     now_s = time.time() if now_s is None else now_s
     since_s = now_s - window.seconds
-    totals: dict[str, dict[str, Merged]] = {"region": defaultdict(Merged), "node": defaultdict(Merged)}
+    totals: dict[str, dict[str, Merged]] = {scope: defaultdict(Merged) for scope in ScopeChoices.values}
     steps: dict[str, dict[float, Merged]] = defaultdict(lambda: defaultdict(Merged))
     for row in _buckets(window.resolution, since_s, now_s + window.step_s):
         key = _key(row)
@@ -219,6 +235,12 @@ def breakdown(window: Window, now_s: float | None = None) -> dict[str, Any]:
         "step_s": window.step_s,
         "regions": {key: merged.summary() for key, merged in totals["region"].items()},
         "nodes": {key: merged.summary() for key, merged in totals["node"].items()},
+        # Regions whose requests were served both in the region and from elsewhere, split.
+        "split": {
+            key: {"local": local.summary(), "cross": totals["cross"][key].summary()}
+            for key, local in totals["local"].items()
+            if local.sums["ttft_count"] and totals["cross"][key].sums["ttft_count"]
+        },
         "series": {
             key: [
                 {
@@ -282,5 +304,105 @@ def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
                 "count": m.count,
             }
             for key, m in routed.items()
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Client-key usage
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KeyUsage:
+    """Key-usage buckets added together: telemetry's sums (``KEY_USAGE_SUMMED_FIELDS``) and the TTFT histogram."""
+
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KEY_USAGE_SUMMED_FIELDS, 0))
+    histogram: dict[str, int] = field(default_factory=dict)
+
+    def add(self, row: dict[str, Any]) -> None:
+        for name in KEY_USAGE_SUMMED_FIELDS:
+            self.sums[name] += row[name] or 0
+        add_to_histogram(self.histogram, row["ttft_histogram"] or {})
+
+    def summary(self) -> dict[str, Any]:
+        sums = self.sums
+        count = int(sums["count"])
+        errors = int(sums["errors_4xx"] + sums["errors_5xx"])
+        return {
+            **{name: int(sums[name]) for name in KEY_USAGE_SUMMED_FIELDS if name != "ttft_sum_ms"},
+            "errors": errors,
+            "error_rate": round(errors / count, 4) if count else None,
+            "ttft_mean_ms": round(sums["ttft_sum_ms"] / sums["ttft_count"], 3)
+            if sums["ttft_count"]
+            else None,
+            "ttft_p50_ms": histogram_quantile_ms(self.histogram, 0.5),
+            "ttft_p99_ms": histogram_quantile_ms(self.histogram, 0.99),
+        }
+
+
+def key_usage(window: Window, now_s: float | None = None) -> dict[str, Any]:
+    """Per client key and per team over the window: requests, errors (4xx/5xx), limited/refused,
+    tokens, TTFT p50/p99; and per team, requests and tokens per step. Two queries, whatever the
+    number of keys (the buckets, the keys' names). Keys are named by their public id, never a secret."""
+    now_s = time.time() if now_s is None else now_s
+    since_s = now_s - window.seconds
+    per_key: dict[str, KeyUsage] = defaultdict(KeyUsage)
+    per_team: dict[str, KeyUsage] = defaultdict(KeyUsage)
+    key_info: dict[str, dict[str, Any]] = {}
+    team_keys: dict[str, set[str]] = defaultdict(set)
+    steps: dict[str, dict[float, KeyUsage]] = defaultdict(lambda: defaultdict(KeyUsage))
+    rows = (
+        KeyUsageAggregate.objects.filter(
+            resolution=window.resolution,
+            bucket_start__gte=_dt(since_s),
+            bucket_start__lt=_dt(now_s + window.step_s),
+        )
+        .order_by("bucket_start")
+        .values("key_id", "team", "priority", "bucket_start", "ttft_histogram", *KEY_USAGE_SUMMED_FIELDS)
+        .iterator(chunk_size=2000)
+    )
+    for row in rows:
+        key_id, team = row["key_id"], row["team"]
+        per_key[key_id].add(row)
+        per_team[team].add(row)
+        team_keys[team].add(key_id)
+        info = key_info.setdefault(key_id, {"team": team, "priorities": set()})
+        info["team"] = team  # the latest bucket's team (rows come oldest first)
+        if row["priority"]:
+            info["priorities"].add(row["priority"])
+        step_start = (row["bucket_start"].timestamp() // window.step_s) * window.step_s
+        steps[team][step_start].add(row)
+    names = dict(ClientKey.objects.filter(key_id__in=list(per_key)).values_list("key_id", "name"))
+    keys = [
+        {
+            "key_id": key_id,
+            "name": names.get(key_id),  # None: the key was deleted
+            "team": key_info[key_id]["team"],
+            "priorities": sorted(key_info[key_id]["priorities"]),
+            **usage.summary(),
+        }
+        for key_id, usage in per_key.items()
+    ]
+    teams = [
+        {"team": team, "keys": len(team_keys[team]), **usage.summary()} for team, usage in per_team.items()
+    ]
+    return {
+        "now": now_s,
+        "window": window.key,
+        "step_s": window.step_s,
+        "keys": sorted(keys, key=lambda item: (-item["count"], item["name"] or "", item["key_id"])),
+        "teams": sorted(teams, key=lambda item: (-item["count"], item["team"])),
+        "series": {
+            team: [
+                {
+                    "t": t,
+                    "count": int(u.sums["count"]),
+                    "errors": int(u.sums["errors_4xx"] + u.sums["errors_5xx"]),
+                    "tokens": int(u.sums["prompt_tokens"] + u.sums["completion_tokens"]),
+                }
+                for t, u in sorted(by_step.items())
+            ]
+            for team, by_step in steps.items()
         },
     }

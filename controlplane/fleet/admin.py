@@ -50,7 +50,7 @@ class LLMModelAdmin(InUseDeleteMixin, admin.ModelAdmin):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(InUseDeleteMixin, admin.ModelAdmin):
     list_display = ["name", "region", "state", "base_url", "gpu_type", "gpu_count", "last_updated"]
     list_filter = ["state", "region", "served_models", "gpu_type"]
     list_select_related = ["region"]

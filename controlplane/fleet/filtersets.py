@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import django_filters
 from django.db.models import Q, QuerySet
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema_field
 
+from controlplane.filters import NamesFilter, StrictFilterSet
 from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.models import LLMModel, Node, Region
 
 
-@extend_schema_field(OpenApiTypes.STR)
-class SlugsFilter(django_filters.ModelMultipleChoiceFilter):
-    """Objects by one or more names of a related object (``?region=us-east&region=eu-central``)."""
-
-
-class RegionFilterSet(django_filters.FilterSet):
+class RegionFilterSet(StrictFilterSet):
     """Regions by slug, provider or a free-text ``q``."""
 
     q = django_filters.CharFilter(method="search", label="Search")
@@ -29,7 +23,7 @@ class RegionFilterSet(django_filters.FilterSet):
         return queryset.filter(Q(slug__icontains=value) | Q(name__icontains=value))
 
 
-class LLMModelFilterSet(django_filters.FilterSet):
+class LLMModelFilterSet(StrictFilterSet):
     """Models by name or a free-text ``q``."""
 
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains", label="Search")
@@ -39,15 +33,13 @@ class LLMModelFilterSet(django_filters.FilterSet):
         fields = ["name"]
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(StrictFilterSet):
     """Nodes by region slug, state, served model name, GPU type or a free-text ``q``."""
 
     q = django_filters.CharFilter(method="search", label="Search")
-    region = SlugsFilter(field_name="region__slug", to_field_name="slug", queryset=Region.objects.all())
+    region = NamesFilter(field_name="region__slug")
     state = django_filters.MultipleChoiceFilter(choices=NodeStateChoices.choices)
-    model = SlugsFilter(
-        field_name="served_models__name", to_field_name="name", queryset=LLMModel.objects.all()
-    )
+    model = NamesFilter(field_name="served_models__name")
 
     class Meta:
         model = Node

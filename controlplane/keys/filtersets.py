@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import django_filters
-
+from controlplane.filters import StrictFilterSet
 from controlplane.keys.models import ClientKey
 
 
-class ClientKeyFilterSet(django_filters.FilterSet):
+class ClientKeyFilterSet(StrictFilterSet):
     class Meta:
         model = ClientKey
         fields = ["key_id", "owner", "team", "priority", "revoked"]

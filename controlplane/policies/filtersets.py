@@ -5,11 +5,12 @@ from __future__ import annotations
 import django_filters
 from django.db.models import Q, QuerySet
 
+from controlplane.filters import IdFilter, StrictFilterSet
 from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 
 
-class RoutingPolicyFilterSet(django_filters.FilterSet):
+class RoutingPolicyFilterSet(StrictFilterSet):
     """Policies by name, algorithm, whether active, or a free-text ``q``."""
 
     q = django_filters.CharFilter(method="search", label="Search")
@@ -23,12 +24,14 @@ class RoutingPolicyFilterSet(django_filters.FilterSet):
         return queryset.filter(Q(name__icontains=value) | Q(description__icontains=value))
 
 
-class PolicyVersionFilterSet(django_filters.FilterSet):
+class PolicyVersionFilterSet(StrictFilterSet):
     """Versions by policy (id or name), number, author, or a range of numbers."""
 
+    policy = IdFilter(field_name="policy_id", label="Policy id.")
     policy_name = django_filters.CharFilter(field_name="policy__name")
-    number__gte = django_filters.NumberFilter(field_name="number", lookup_expr="gte")
-    number__lte = django_filters.NumberFilter(field_name="number", lookup_expr="lte")
+    number = IdFilter(field_name="number")
+    number__gte = IdFilter(field_name="number", lookup_expr="gte")
+    number__lte = IdFilter(field_name="number", lookup_expr="lte")
 
     class Meta:
         model = PolicyVersion

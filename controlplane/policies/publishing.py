@@ -28,12 +28,14 @@ from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract, writer
 from routing.contract import (
     PARAMS_BY_ALGORITHM,
+    KVEventsSpec,
     ModelSpec,
     NodeSpec,
     PolicySnapshot,
     PolicySpec,
     RegionSpec,
     ResidencyRule,
+    TokenizerSpec,
 )
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,12 @@ class PublishError(UnavailableError):
 
     code = "publish_failed"
 
+    def __init__(self, message: str, public_detail: str | None = None) -> None:
+        super().__init__(message)
+        self.public_detail = (
+            public_detail or "The policy store is unreachable; nothing was published. Try again shortly."
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
@@ -55,8 +63,8 @@ class PublishResult:
     created: bool
 
 
-def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: float = 0.0) -> PolicySnapshot:
-    """Validate the policy and compile it with the current fleet into a snapshot.
+def compile_policy(policy: RoutingPolicy) -> PolicySnapshot:
+    """Validate the policy as it is in the database and compile it with the current fleet.
 
     Raises ``ValidationError`` with field errors when the policy is invalid.
     """
@@ -74,12 +82,24 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
         ),
         max_rtt_ms=policy.max_rtt_ms,
     )
+    return compile_spec(spec)
+
+
+def compile_spec(spec: PolicySpec) -> PolicySnapshot:
+    """Compile policy settings (already validated) with the current fleet into an unnumbered snapshot."""
     regions = tuple(
         RegionSpec(slug=r.slug, name=r.name, latitude=r.latitude, longitude=r.longitude)
         for r in Region.objects.order_by("slug")
     )
     models = tuple(
-        ModelSpec(name=m.name, kv_block_size=m.kv_block_size, max_context_tokens=m.max_context_tokens)
+        ModelSpec(
+            name=m.name,
+            kv_block_size=m.kv_block_size,
+            max_context_tokens=m.max_context_tokens,
+            tokenizer=(
+                TokenizerSpec(m.tokenizer_path, m.chat_template_path or None) if m.tokenizer_path else None
+            ),
+        )
         for m in LLMModel.objects.order_by("name")
     )
     nodes = tuple(
@@ -96,6 +116,11 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
             kv_capacity_tokens=n.kv_capacity_tokens,
             state=n.state,
             labels={str(k): str(v) for k, v in sorted((n.labels or {}).items())},
+            kv_events=(
+                KVEventsSpec(n.kv_events_endpoint, n.kv_events_replay_endpoint or None, n.kv_events_topic)
+                if n.kv_events_endpoint
+                else None
+            ),
         )
         for n in Node.objects.select_related("region").prefetch_related("served_models").order_by("pk")
     )
@@ -110,7 +135,7 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
         nodes=nodes,
     )
     checksum = hashlib.sha256(contract.encode(content)).hexdigest()
-    return msgspec.structs.replace(content, version=version, checksum=checksum, published_at=published_at)
+    return msgspec.structs.replace(content, checksum=checksum)
 
 
 def live_version() -> PolicyVersion | None:
@@ -137,12 +162,13 @@ def publish(
     author: AbstractBaseUser | None = None,
     note: str = "",
     rolled_back_from: PolicyVersion | None = None,
+    spec: PolicySpec | None = None,
     system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     """Compile and publish ``policy``; make it the active one.
 
+    ``spec`` publishes those settings of the policy instead of its database row (``republish_live``).
     ``system_author`` names the version's author when no user publishes (the online tuner).
-
     Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
     Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
     cases nothing changes.
@@ -154,12 +180,14 @@ def publish(
                 author=author,
                 note=note,
                 rolled_back_from=rolled_back_from,
+                spec=spec,
                 system_author=system_author,
             )
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
             continue
-    raise PublishError("too many concurrent publishes; try again")
+    message = "Too many concurrent publishes; nothing was published. Try again."
+    raise PublishError(message, public_detail=message)
 
 
 def _publish_once(
@@ -168,10 +196,11 @@ def _publish_once(
     author: AbstractBaseUser | None,
     note: str,
     rolled_back_from: PolicyVersion | None,
+    spec: PolicySpec | None,
     system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     with transaction.atomic():
-        content = compile_policy(policy)
+        content = compile_policy(policy) if spec is None else compile_spec(spec)
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
             _ensure_live_in_redis(live)
@@ -252,9 +281,20 @@ def rollback(
         )
 
 
-def republish_active(reason: str) -> PublishResult | None:
-    """Republish the active policy after a fleet change (no-op if nothing changed)."""
-    policy = RoutingPolicy.objects.filter(is_active=True).first()
-    if policy is None:
+def republish_live(note: str) -> PublishResult | None:
+    """Publish what is live again, compiled with the current fleet (no-op if nothing changed).
+
+    The policy settings come from the last *published* version, never from the database row: an
+    edit nobody published (or whose publish was refused while Redis was down) stays unpublished.
+    Returns None when nothing was ever published.
+    """
+    live = live_version()
+    if live is None:
         return None
-    return publish(policy, note=f"fleet change: {reason}")
+    spec = contract.decode(live.snapshot, PolicySnapshot).policy
+    return publish(live.policy, note=note, spec=spec)
+
+
+def republish_active(reason: str) -> PublishResult | None:
+    """Republish the live policy after a fleet change (no-op if nothing changed)."""
+    return republish_live(f"fleet change: {reason}")

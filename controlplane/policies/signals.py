@@ -1,5 +1,6 @@
-"""Republish the active policy whenever the fleet changes (``fleet_changed``, sent after commit).
+"""Republish the live policy whenever the fleet changes (``fleet_changed``, sent after commit).
 
+Changes within ``GORGO_REPUBLISH_DELAY_S`` are coalesced into one version (``policies.tasks``).
 A failed republish (Redis down, policy no longer valid for the new fleet) never fails the fleet
 change itself: it is logged, and the periodic reconcile task publishes once Redis is back.
 """
@@ -11,7 +12,7 @@ import logging
 from django.dispatch import receiver
 
 from controlplane.fleet.signals import fleet_changed
-from controlplane.policies.publishing import PublishError, republish_active
+from controlplane.policies.tasks import schedule_fleet_republish
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +20,6 @@ log = logging.getLogger(__name__)
 @receiver(fleet_changed)
 def republish_on_fleet_change(sender, reason: str, **kwargs) -> None:
     try:
-        republish_active(reason)
-    except PublishError as exc:
-        log.warning("fleet change (%s) not yet published: %s", reason, exc)
+        schedule_fleet_republish(reason)
     except Exception:
         log.exception("fleet change (%s) could not be published", reason)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import time
 
+import kombu.exceptions
 import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 
 from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
 from controlplane.policies import tuning
 from controlplane.policies.models import RoutingPolicy
-from controlplane.policies.publishing import PublishError, publish
+from controlplane.policies.publishing import PublishError, republish_active, republish_live
 
 log = logging.getLogger(__name__)
 
@@ -28,26 +30,118 @@ TUNE_LIMITS_S = (30, 45)  # a window's read is bounded (tuning.MAX_WINDOW_RECORD
     ignore_result=True,
 )
 def reconcile() -> int | None:
-    """Make Redis hold the active policy compiled with the current fleet.
+    """Make Redis hold the last published policy settings compiled with the current fleet.
 
     The fleet-change republish runs right after a change commits; when Redis was unreachable then
-    (or lost its data since), this periodic pass publishes what the gateways are missing.
-    Publishing is idempotent, so a pass that finds nothing to do writes nothing.
-    Returns the live version number, or None when there is no active policy or Redis is down.
+    (or lost its data since), this periodic pass publishes what the gateways are missing. It
+    republishes what was last *published*, never the policy's database row: unpublished edits and
+    publishes refused while Redis was down stay unpublished. Publishing is idempotent, so a pass
+    that finds nothing to do writes nothing.
+    Returns the live version number, or None when nothing was published yet or Redis is down.
     """
     try:
         with task_lock(redis_client(), redis_keys(), "policies-reconcile", RECONCILE_LIMITS_S[1]) as acquired:
             if not acquired:
                 return None
-            policy = RoutingPolicy.objects.filter(is_active=True).first()
-            if policy is None:
+            result = republish_live("reconcile: the fleet changed while the gateways could not be told")
+            if result is None:
                 return None
-            result = publish(policy, note="reconcile: fleet changed while Redis was unreachable")
     except (PublishError, redis.RedisError) as exc:
         log.warning("reconcile: Redis unreachable, trying again next round: %s", exc)
         return None
     if result.created:
         log.info("reconcile published version %d", result.version.number)
+    return result.version.number
+
+
+REPUBLISH_LIMITS_S = (20, 30)
+# The "a republish is scheduled" marker outlives the countdown by this much, so a worker that is
+# down (and never clears it) delays the next burst's schedule by at most this long.
+_SCHEDULED_GRACE_S = 30.0
+_NOTE_LIMIT = 500
+_NOTE_PREFIX = "fleet change: "
+_SCHEDULED = "fleet-republish-scheduled"
+# Descriptions kept for the next note; a note shows a few and counts the rest.
+_PENDING_LIMIT = 1000
+
+
+def schedule_fleet_republish(reason: str) -> None:
+    """Republish after a fleet change committed: at once, or coalesced with the burst it is part of.
+
+    With ``GORGO_REPUBLISH_DELAY_S`` > 0 the reason joins a Redis list and the first change of a
+    burst enqueues ``republish_fleet_changes`` that many seconds later; every change until then is
+    published by that one run, as one version. Never raises for Redis: reconcile catches up.
+    """
+    delay_s = settings.GORGO_REPUBLISH_DELAY_S
+    if delay_s <= 0:
+        try:
+            republish_active(reason)
+        except PublishError as exc:
+            log.warning("fleet change (%s) not yet published: %s", reason, exc)
+        return
+    client, keys = redis_client(), redis_keys()
+    try:
+        pipe = client.pipeline(transaction=True)
+        pipe.rpush(keys.fleet_changes, reason[:200])
+        pipe.ltrim(keys.fleet_changes, -_PENDING_LIMIT, -1)  # bounded even with no worker running
+        pipe.execute()
+        scheduled = client.set(
+            keys.lock(_SCHEDULED), "1", nx=True, px=int((delay_s + _SCHEDULED_GRACE_S) * 1000)
+        )
+        if scheduled:
+            republish_fleet_changes.apply_async(countdown=delay_s, expires=delay_s + _SCHEDULED_GRACE_S)
+    except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
+        log.warning("fleet change (%s) not yet published, reconcile will: %s", reason, exc)
+
+
+def describe_changes(reasons: list[str]) -> str:
+    """``fleet change: node a changed; node b added (+3 more)``, within a version note's length."""
+    unique = list(dict.fromkeys(reasons))
+    shown: list[str] = []
+    for index, reason in enumerate(unique):
+        more = len(unique) - index - 1
+        if len(_NOTE_PREFIX + "; ".join([*shown, reason]) + f" (+{more} more)") > _NOTE_LIMIT:
+            break
+        shown.append(reason)
+    hidden = len(unique) - len(shown)
+    return _NOTE_PREFIX + "; ".join(shown) + (f" (+{hidden} more)" if hidden else "")
+
+
+@shared_task(
+    name="policies.republish_fleet_changes",
+    soft_time_limit=REPUBLISH_LIMITS_S[0],
+    time_limit=REPUBLISH_LIMITS_S[1],
+    ignore_result=True,
+)
+def republish_fleet_changes() -> int | None:
+    """Publish every fleet change collected since the last run as one version that lists them.
+
+    Returns the new version number, or None when nothing was new (or Redis is down: reconcile
+    publishes it later).
+    """
+    client, keys = redis_client(), redis_keys()
+    try:
+        with task_lock(client, keys, "fleet-republish", REPUBLISH_LIMITS_S[1]) as acquired:
+            if not acquired:
+                # Another run is publishing; run again after it, for what it may not have seen.
+                republish_fleet_changes.apply_async(countdown=settings.GORGO_REPUBLISH_DELAY_S)
+                return None
+            # Changes from now on schedule a run of their own; the ones so far are this run's.
+            client.delete(keys.lock(_SCHEDULED))
+            pipe = client.pipeline(transaction=True)
+            pipe.lrange(keys.fleet_changes, 0, -1)
+            pipe.delete(keys.fleet_changes)
+            raw, _ = pipe.execute()
+            reasons = [item.decode() for item in raw]
+            if not reasons:
+                return None
+            result = republish_live(describe_changes(reasons))
+    except (PublishError, redis.RedisError) as exc:
+        log.warning("fleet changes not yet published, reconcile will: %s", exc)
+        return None
+    if result is None or not result.created:
+        return None
+    log.info("published %d fleet change(s) as version %d", len(reasons), result.version.number)
     return result.version.number
 
 

@@ -18,14 +18,17 @@
       marker: { color: c.color, line: { width: 0 } },
       hovertemplate: `${c.label} %{y:.1f} ms<extra></extra>`,
     }));
-    traces.push({
-      type: "scatter", mode: "markers", name: "measured TTFT p50", x, y: withData.map((e) => e.summary.ttft_p50_ms),
-      customdata: withData.map((e) => [e.summary.count, e.summary.ttft_p99_ms]),
-      marker: { symbol: "diamond", size: 9, color: "#f0f1f2", line: { color: "#111217", width: 1 } },
-      hovertemplate: "measured TTFT p50 %{y:.0f} ms · p99 %{customdata[1]:.0f} ms · %{customdata[0]:,} requests<extra></extra>",
-    });
+    // The marker is the TTFT the parts add up to: the same statistic as the bars. The measured
+    // percentiles (a different statistic) are in its hover text, labelled as such.
     const bucket = G.page.windows[state.window].resolution === "10s" ? "10 s" : "1 min";
-    const statLabel = state.stat === "mean" ? "mean (parts add up to mean TTFT)" : `p50 of ${bucket} bucket means`;
+    const markerName = state.stat === "mean" ? "mean TTFT" : `TTFT of the median ${bucket} bucket`;
+    traces.push({
+      type: "scatter", mode: "markers", name: markerName, x, y: withData.map((e) => e.summary[state.stat].ttft),
+      customdata: withData.map((e) => [e.summary.count, e.summary.ttft_p50_ms, e.summary.ttft_p99_ms]),
+      marker: { symbol: "diamond", size: 9, color: "#f0f1f2", line: { color: "#111217", width: 1 } },
+      hovertemplate: `${markerName} %{y:.0f} ms · measured p50 %{customdata[1]:.0f} ms, p99 %{customdata[2]:.0f} ms · %{customdata[0]:,} requests<extra></extra>`,
+    });
+    const statLabel = state.stat === "mean" ? "mean (parts add up to the mean TTFT ◆)" : `median ${bucket} bucket (its parts add up to its TTFT ◆)`;
     G.plot(id, traces, G.layout({
       barmode: "relative",
       bargap: 0.35,
@@ -37,9 +40,12 @@
   function renderBars() {
     const d = state.data || { regions: {}, nodes: {} };
     const empty = `No traffic in the last ${windowLabel()}`;
-    stackedBars("by-region", fleet.regions.map((r) => ({
-      key: r.slug, label: r.slug, color: G.regionColor(r.slug), summary: d.regions[r.slug],
-    })), empty);
+    // A region served both in the region and from elsewhere gets two bars: local, cross-region.
+    const split = d.split || {};
+    stackedBars("by-region", fleet.regions.flatMap((r) => split[r.slug] ? [
+      { key: `${r.slug} local`, label: `${r.slug} · local`, color: G.regionColor(r.slug), summary: split[r.slug].local },
+      { key: `${r.slug} cross`, label: `${r.slug} · cross-region`, color: G.regionColor(r.slug), summary: split[r.slug].cross },
+    ] : [{ key: r.slug, label: r.slug, color: G.regionColor(r.slug), summary: d.regions[r.slug] }]), empty);
     stackedBars("by-node", fleet.nodes.map((n) => ({
       key: n.name, label: n.name, color: G.nodeStyle(n.id).color, summary: d.nodes[String(n.id)],
     })), empty);

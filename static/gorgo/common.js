@@ -154,6 +154,7 @@
 
   // ---------------------------------------------------------------- live socket
   const CLOSE_UNAUTHENTICATED = 4401;
+  const CLOSE_TRY_AGAIN_LATER = 1013;
   const conn = document.getElementById("conn");
   const socketState = { state: "connecting", messages: 0, lastMessageAt: null };
 
@@ -199,7 +200,9 @@
         attempt += 1;
         const delayMs = Math.min(30000, 1000 * 2 ** Math.min(attempt - 1, 5)) * (0.8 + Math.random() * 0.4);
         const due = Date.now() + delayMs;
-        const tick = () => showConn("retrying", `disconnected, retrying in ${Math.max(1, Math.ceil((due - Date.now()) / 1000))} s`);
+        // 1013: the server is up but its live updates (Redis) are not.
+        const why = event.code === CLOSE_TRY_AGAIN_LATER ? "live updates unavailable" : "disconnected";
+        const tick = () => showConn("retrying", `${why}, reconnecting in ${Math.max(1, Math.ceil((due - Date.now()) / 1000))} s`);
         tick();
         countdown = setInterval(tick, 1000);
         retryTimer = setTimeout(open, delayMs);

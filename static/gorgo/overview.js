@@ -36,8 +36,11 @@
     setStat("ttft-p50", none ? "—" : G.fmt.ms(h.ttft_p50_ms));
     setStat("ttft-p99", none ? "—" : G.fmt.ms(h.ttft_p99_ms));
     setStat("rate", h ? G.fmt.rate(h.rate_rps) : "—");
+    // The fleet's failures (5xx, no answer); clients' own 4xx are shown apart, never as errors.
     const errorRate = none ? null : h.error_rate;
     setStat("errors", G.fmt.pct(errorRate, 2), errorRate === null ? null : errorRate > 0.05 ? "bad" : errorRate > 0.01 ? "warn" : "good");
+    document.querySelector("#stat-errors .stat-sub").textContent =
+      none ? "5xx · last 1 min" : `5xx · last 1 min · 4xx ${G.fmt.pct(h.client_error_rate, 2)}%`;
     setStat("hit", h ? G.fmt.pct(h.hit_rate) : "—");
     if (state.overview) {
       const sub = none ? "no traffic in the last minute" : "last 1 min · all gateways";

@@ -14,7 +14,14 @@ from controlplane.fleet.models import Node
 from routing.contract import NodeLiveState, RTTEntry
 from telemetry.aggregation import TOLERANCE_ABS_MS, TOLERANCE_REL, breakdown_of
 from telemetry.choices import HealthChoices
-from telemetry.models import HealthEvent, MetricSample, NodeHealth, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    NodeHealth,
+    RequestAggregate,
+    RTTSample,
+)
 
 
 class RTTFromRegionSerializer(serializers.Serializer):
@@ -117,21 +124,42 @@ class RTTMatrixSerializer(serializers.Serializer):
 
 
 class RTTSampleSerializer(serializers.ModelSerializer):
-    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    region = serializers.CharField(
+        source="region_label", read_only=True, allow_null=True, help_text="Region slug (kept when deleted)."
+    )
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
 
     class Meta:
         model = RTTSample
-        fields = ["id", "ts", "region", "node", "ok", "rtt_ms", "connect_ms", "status_code", "error"]
+        fields = [
+            "id",
+            "ts",
+            "region",
+            "node",
+            "node_name",
+            "ok",
+            "rtt_ms",
+            "connect_ms",
+            "status_code",
+            "error",
+        ]
         read_only_fields = fields
 
 
 class MetricSampleSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
+
     class Meta:
         model = MetricSample
         fields = [
             "id",
             "ts",
             "node",
+            "node_name",
             "ok",
             "error",
             "interval_s",
@@ -161,9 +189,13 @@ class MetricSampleSerializer(serializers.ModelSerializer):
 
 
 class HealthEventSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
+
     class Meta:
         model = HealthEvent
-        fields = ["id", "ts", "node", "previous", "current", "source", "reason"]
+        fields = ["id", "ts", "node", "node_name", "previous", "current", "source", "reason"]
         read_only_fields = fields
 
 
@@ -184,8 +216,16 @@ class BreakdownSerializer(serializers.Serializer):
 class RequestAggregateSerializer(serializers.ModelSerializer):
     """One bucket of finished requests (per node or per gateway region)."""
 
-    region = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    error_rate = serializers.FloatField(read_only=True, allow_null=True)
+    region = serializers.CharField(
+        source="region_label", read_only=True, allow_null=True, help_text="Region slug (kept when deleted)."
+    )
+    node_name = serializers.CharField(
+        source="node_label", read_only=True, allow_null=True, help_text="Kept when the node is deleted."
+    )
+    error_rate = serializers.FloatField(
+        read_only=True, allow_null=True, help_text="Server-side failures (5xx, no answer) per request."
+    )
+    client_error_rate = serializers.FloatField(read_only=True, allow_null=True, help_text="4xx per request.")
     breakdown = serializers.SerializerMethodField()
     network_known = serializers.FloatField(
         read_only=True, allow_null=True, help_text="Share of TTFTs with a known RTT."
@@ -204,11 +244,14 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
             "resolution",
             "scope",
             "node",
+            "node_name",
             "region",
             "bucket_start",
             "count",
             "errors",
             "error_rate",
+            "client_errors",
+            "client_error_rate",
             "ttft_count",
             "ttft_p50_ms",
             "ttft_p90_ms",
@@ -227,3 +270,42 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     def get_breakdown(self, row: RequestAggregate) -> dict | None:
         breakdown = breakdown_of(row)
         return msgspec.to_builtins(breakdown) if breakdown is not None else None
+
+
+class KeyUsageSerializer(serializers.ModelSerializer):
+    """One bucket of one client key's requests (the key's public id, never its secret)."""
+
+    key_name = serializers.CharField(
+        source="client_key.name", read_only=True, allow_null=True, help_text="Null once the key is deleted."
+    )
+    errors = serializers.IntegerField(read_only=True, help_text="errors_4xx + errors_5xx.")
+    error_rate = serializers.FloatField(read_only=True, allow_null=True, help_text="errors / count.")
+    ttft_mean_ms = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = KeyUsageAggregate
+        fields = [
+            "id",
+            "resolution",
+            "bucket_start",
+            "key_id",
+            "key_name",
+            "team",
+            "priority",
+            "count",
+            "errors",
+            "errors_4xx",
+            "errors_5xx",
+            "error_rate",
+            "limited",
+            "refused",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "usage_count",
+            "ttft_count",
+            "ttft_mean_ms",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+        ]
+        read_only_fields = fields

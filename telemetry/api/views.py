@@ -1,4 +1,4 @@
-"""Read-only telemetry API: live node state, RTT matrix, samples, aggregates, health events."""
+"""Read-only telemetry API: live node state, RTT matrix, samples, aggregates, key usage, health events."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from telemetry.api.serializers import (
     HealthEventSerializer,
+    KeyUsageSerializer,
     LiveNodeSerializer,
     MetricSampleSerializer,
     RequestAggregateSerializer,
@@ -24,12 +25,13 @@ from telemetry.api.serializers import (
 )
 from telemetry.filtersets import (
     HealthEventFilterSet,
+    KeyUsageFilterSet,
     MetricSampleFilterSet,
     RequestAggregateFilterSet,
     RTTSampleFilterSet,
 )
 from telemetry.live import read_live_state
-from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ class RTTMatrixView(APIView):
 class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
     """Individual RTT probes, newest first."""
 
-    queryset = RTTSample.objects.select_related("region")
+    queryset = RTTSample.objects.select_related("region", "node")
     serializer_class = RTTSampleSerializer
     filterset_class = RTTSampleFilterSet
 
@@ -86,7 +88,7 @@ class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
 class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
     """Scrape intervals of every node, newest first."""
 
-    queryset = MetricSample.objects.all()
+    queryset = MetricSample.objects.select_related("node")
     serializer_class = MetricSampleSerializer
     filterset_class = MetricSampleFilterSet
 
@@ -94,7 +96,7 @@ class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
 class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
     """Health transitions, newest first."""
 
-    queryset = HealthEvent.objects.all()
+    queryset = HealthEvent.objects.select_related("node")
     serializer_class = HealthEventSerializer
     filterset_class = HealthEventFilterSet
 
@@ -102,6 +104,14 @@ class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
 class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
     """Request buckets (10s or 1m) per node or gateway region, with the TTFT breakdown."""
 
-    queryset = RequestAggregate.objects.select_related("region")
+    queryset = RequestAggregate.objects.select_related("region", "node")
     serializer_class = RequestAggregateSerializer
     filterset_class = RequestAggregateFilterSet
+
+
+class KeyUsageViewSet(viewsets.ReadOnlyModelViewSet):
+    """Request buckets (10s or 1m) per client key and priority class: requests, errors, tokens, TTFT."""
+
+    queryset = KeyUsageAggregate.objects.select_related("client_key")
+    serializer_class = KeyUsageSerializer
+    filterset_class = KeyUsageFilterSet

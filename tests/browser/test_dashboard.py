@@ -124,6 +124,16 @@ def test_it_shows_every_page_with_labelled_data(operator_session: Session, artif
     operator_session.open("/breakdown/")
     operator_session.charts_drawn("by-region", "by-node", "ttft-over-time")
     assert page.evaluate("document.getElementById('by-region').layout.yaxis.title.text").startswith("ms")
+    # The stacked parts add up to the marker drawn beside them (the same statistic).
+    assert page.evaluate(
+        """() => ['by-region', 'by-node'].every((id) => {
+             const data = document.getElementById(id).data;
+             const bars = data.filter((t) => t.type === 'bar');
+             const marker = data.find((t) => t.type === 'scatter');
+             return marker.x.every((x, i) =>
+               Math.abs(bars.reduce((sum, t) => sum + (t.y[i] || 0), 0) - marker.y[i]) < 0.01);
+           })"""
+    )
     operator_session.shot(artifacts, "breakdown")
     page.click("text=1 h")
     page.wait_for_url(re.compile(r".*window=1h$"))
@@ -229,7 +239,7 @@ def test_it_says_disconnected_keeps_the_last_values_and_reconnects(
 
     server.stop()
     page.wait_for_function("document.getElementById('conn').dataset.state === 'retrying'", timeout=10_000)
-    assert re.fullmatch(r"disconnected, retrying in \d+ s", page.inner_text("#conn"))
+    assert re.fullmatch(r"disconnected, reconnecting in \d+ s", page.inner_text("#conn"))
     assert page.inner_text("#stat-ttft-p50 .v") == p50  # the last values stay
     operator_session.shot(artifacts, "overview-disconnected")
 

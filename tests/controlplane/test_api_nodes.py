@@ -24,8 +24,12 @@ class TestNodeAPI(CRUDTests):
     update_data = {"region": "ap-south", "state": "draining", "models": [], "gpu_count": 4, "labels": {}}
 
     def make(self, index: int) -> Node:
+        # Disabled: an active node may not be deleted (test_deletion.py), the generic delete test would 409.
         node = Node.objects.create(
-            name=f"node-{index}", region=self.regions["us-east"], base_url=f"http://127.0.0.1:{9200 + index}"
+            name=f"node-{index}",
+            region=self.regions["us-east"],
+            base_url=f"http://127.0.0.1:{9200 + index}",
+            state="disabled",
         )
         node.served_models.add(self.llm)
         return node

@@ -63,9 +63,10 @@ def test_it_republishes_when_a_node_is_edited(operator_client, fleet, live) -> N
 
 def test_it_republishes_when_a_node_is_deleted(operator_client, fleet, live) -> None:
     node = fleet.nodes["ap-south-2"]
+    node.set_state("disabled")  # published as version 2
     assert operator_client.delete(f"/api/v1/nodes/{node.pk}/").status_code == 204
     snapshot = live()
-    assert snapshot.version == 2
+    assert snapshot.version == 3
     assert node_named(snapshot, "ap-south-2") is None
     assert len(snapshot.nodes) == 5
 

@@ -40,3 +40,61 @@ def test_it_publishes_a_fleet_change_that_redis_missed(
 def test_it_does_nothing_without_an_active_policy(fleet) -> None:
     assert reconcile() is None
     assert PolicyVersion.objects.count() == 0
+
+
+def unreachable_redis(settings) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    publishing.redis_client.cache_clear()
+
+
+def reachable_redis(settings, redis_url: str) -> None:
+    settings.REDIS_URL = redis_url
+    publishing.redis_client.cache_clear()
+
+
+def test_it_never_publishes_an_edit_nobody_published(operator_client, fleet, redis_conn, cp_keys) -> None:
+    policy = RoutingPolicy.objects.create(name="default", algorithm="gorgo")
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 201
+    response = operator_client.patch(
+        f"/api/v1/policies/{policy.pk}/", {"params": {"w_rtt": 1.25}}, format="json"
+    )
+    assert response.status_code == 200
+    assert reconcile() == 1  # nothing to do: the edit waits for a publish
+    assert PolicyVersion.objects.count() == 1
+    assert live_snapshot(redis_conn, cp_keys).policy.params.w_rtt == 1.0
+
+
+def test_a_publish_refused_while_redis_was_down_never_goes_live_later(
+    operator_client, fleet, redis_conn, redis_url, cp_keys, settings
+) -> None:
+    policy = RoutingPolicy.objects.create(name="default", algorithm="gorgo")
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 201
+    unreachable_redis(settings)
+    assert (
+        operator_client.patch(
+            f"/api/v1/policies/{policy.pk}/", {"params": {"w_rtt": 1.25}}, format="json"
+        ).status_code
+        == 200
+    )
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 503
+    Node.objects.filter(name="us-east-1").update(state="draining")  # and the fleet changed meanwhile
+    reachable_redis(settings, redis_url)
+
+    assert reconcile() == 2  # the fleet change goes out ...
+    snapshot = live_snapshot(redis_conn, cp_keys)
+    assert {n.name: n.state for n in snapshot.nodes}["us-east-1"] == "draining"
+    assert snapshot.policy.params.w_rtt == 1.0  # ... with the settings last published
+    version = PolicyVersion.objects.get(number=2)
+    assert (version.author_name, version.note.startswith("reconcile")) == ("system", True)
+
+
+def test_a_fleet_change_republishes_the_published_settings_not_the_edited_row(
+    operator_client, fleet, redis_conn, cp_keys
+) -> None:
+    policy = RoutingPolicy.objects.create(name="default", algorithm="gorgo")
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 201
+    operator_client.patch(f"/api/v1/policies/{policy.pk}/", {"params": {"w_rtt": 1.25}}, format="json")
+    node = fleet.nodes["us-east-1"]
+    assert operator_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 200
+    snapshot = live_snapshot(redis_conn, cp_keys)
+    assert (snapshot.version, snapshot.policy.params.w_rtt) == (2, 1.0)

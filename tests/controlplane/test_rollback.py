@@ -70,9 +70,9 @@ def test_it_refuses_a_version_of_another_policy(operator_client, policy, redis_c
     publish(operator_client, other)
     publish(operator_client, policy)
     response = rollback(operator_client, policy, 1)
-    assert response.status_code == 400
-    assert "not a version of policy default" in response.json()["version"][0]
-    assert rollback(operator_client, policy, 99).status_code == 400
+    assert response.status_code == 404  # well-formed, but no such version of this policy
+    assert "not a version of policy default" in response.json()["detail"]
+    assert rollback(operator_client, policy, 99).status_code == 404
     assert rollback(operator_client, policy, "latest").status_code == 400
     assert live_snapshot(redis_conn, cp_keys).version == 2
 

@@ -9,7 +9,7 @@ from controlplane.policies.models import RoutingPolicy
 from tests.controlplane.support import LLAMA
 
 NODE = {"name": "new-node", "region": "eu-central", "base_url": "http://127.0.0.1:9300", "models": [LLAMA]}
-POLICY = {"name": "checked", "algorithm": "gorgo"}
+POLICY = {"name": "checked", "algorithm": "gorgo", "params": {}}
 
 
 def errors_of(response) -> dict:
@@ -28,9 +28,10 @@ def test_it_refuses_a_base_url_that_is_not_an_http_server_root(operator_client, 
 
 
 @pytest.mark.parametrize("base_url", ["http://127.0.0.1:9101", "http://127.0.0.1:9101/"])
-def test_it_refuses_a_duplicate_base_url(operator_client, fleet, base_url) -> None:
-    errors = errors_of(operator_client.post("/api/v1/nodes/", {**NODE, "base_url": base_url}, format="json"))
-    assert list(errors) == ["base_url"]
+def test_it_refuses_a_duplicate_base_url_as_a_conflict(operator_client, fleet, base_url) -> None:
+    response = operator_client.post("/api/v1/nodes/", {**NODE, "base_url": base_url}, format="json")
+    assert response.status_code == 409, response.content
+    assert list(response.json()) == ["base_url"]
 
 
 def test_it_refuses_unknown_regions_and_models_on_nodes(operator_client, fleet) -> None:
@@ -71,7 +72,7 @@ def test_it_refuses_a_slug_with_spaces(operator_client, db) -> None:
         ("session_affinity", {"session_header": "bad header!"}, "session_header"),
         ("round_robin", {"w_rtt": 1}, "w_rtt"),
         ("least_load", {"cache_threshold": 0.1}, "cache_threshold"),
-        ("gorgo", [1, 2], "object"),
+        ("gorgo", [1, 2], "dictionary"),
     ],
 )
 def test_it_refuses_bad_params_per_algorithm(operator_client, fleet, algorithm, params, mentions) -> None:

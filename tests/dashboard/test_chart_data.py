@@ -28,6 +28,8 @@ def bucket(
     node: str | None = None,
     resolution: str = "10s",
     errors: int = 0,
+    client_errors: int = 0,
+    scope: str | None = None,
     parts_ms=(1.0, 50.0, 20.0, 100.0),
     prompt_tokens: int = 0,
     cached_tokens: int = 0,
@@ -40,12 +42,13 @@ def bucket(
     gateway, network, queue, prefill = parts_ms
     return RequestAggregate.objects.create(
         resolution=resolution,
-        scope="region" if region else "node",
+        scope=scope or ("region" if region else "node"),
         region=fleet.regions[region] if region else None,
         node=fleet.nodes[node] if node else None,
         bucket_start=dt(start_s),
         count=n,
         errors=errors,
+        client_errors=client_errors,
         ttft_count=n,
         ttft_sum_ms=sum(ttfts_ms),
         ttft_histogram=histogram,
@@ -119,6 +122,56 @@ def test_it_breaks_ttft_down_per_region_and_node_over_the_window(fleet: Fleet) -
     assert region["ttft_p50_ms"] == pytest.approx(200.0, rel=0.03)
     assert data["nodes"][str(fleet.nodes["ap-south-1"].pk)]["count"] == 8
     assert [p["count"] for p in data["series"]["ap-south"]] == [4, 4]
+
+
+@pytest.mark.django_db
+def test_the_p50_parts_add_up_to_the_ttft_drawn_beside_them(fleet: Fleet) -> None:
+    # The repro: per-part medians over buckets stacked to ~2x the TTFT beside them. Bucket A is
+    # network-heavy, B prefill-heavy, C queue-heavy; each part's own median is a big number.
+    window = series.Window.of("15m", 15 * 60, "10s")
+    bucket(fleet, NOW_S - 60, [40.0] * 4, region="ap-south", parts_ms=(1.0, 36.0, 1.0, 2.0))
+    bucket(fleet, NOW_S - 50, [19.0] * 4, region="ap-south", parts_ms=(1.0, 2.0, 1.0, 15.0))
+    bucket(fleet, NOW_S - 40, [45.0] * 4, region="ap-south", parts_ms=(1.0, 30.0, 2.0, 12.0))
+
+    region = series.breakdown(window, now_s=NOW_S)["regions"]["ap-south"]
+
+    for stat in ("mean", "p50"):
+        parts = region[stat]
+        assert sum(parts[c] for c in series.COMPONENTS) == pytest.approx(parts["ttft"]), stat
+    assert region["p50"]["ttft"] == 40.0  # the median bucket, whole: network 36 of its 40 ms
+    assert region["p50"]["network"] == 36.0
+
+
+@pytest.mark.django_db
+def test_it_splits_a_region_served_both_locally_and_from_elsewhere(fleet: Fleet) -> None:
+    window = series.Window.of("15m", 15 * 60, "10s")
+    bucket(fleet, NOW_S - 60, [20.0] * 6 + [260.0] * 2, region="ap-south", parts_ms=(1.0, 60.0, 4.0, 10.0))
+    bucket(fleet, NOW_S - 60, [20.0] * 6, region="ap-south", scope="local", parts_ms=(1.0, 1.0, 4.0, 10.0))
+    bucket(fleet, NOW_S - 60, [260.0] * 2, region="ap-south", scope="cross", parts_ms=(1.0, 235.0, 4.0, 10.0))
+    bucket(fleet, NOW_S - 60, [20.0] * 3, region="us-east", scope="local")  # local only: not split
+
+    data = series.breakdown(window, now_s=NOW_S)
+
+    assert set(data["split"]) == {"ap-south"}
+    local, cross = data["split"]["ap-south"]["local"], data["split"]["ap-south"]["cross"]
+    assert (local["count"], cross["count"]) == (6, 2)
+    assert (local["mean"]["network"], cross["mean"]["network"]) == (1.0, 235.0)
+    for summary in (local, cross):
+        assert sum(summary["mean"][c] for c in series.COMPONENTS) == pytest.approx(summary["mean"]["ttft"])
+    assert data["regions"]["ap-south"]["count"] == 8  # the region's own bar is unchanged
+
+
+@pytest.mark.django_db
+def test_the_error_rate_counts_the_fleets_failures_not_the_clients_4xx(fleet: Fleet) -> None:
+    for k in range(1, 7):
+        bucket(
+            fleet, NOW_S - 10 * k, [100.0] * 10, region="us-east", errors=1 if k == 1 else 0, client_errors=5
+        )
+
+    headline = series.overview(now_s=NOW_S + 5)["headline"]
+
+    assert headline["error_rate"] == pytest.approx(1 / 60)
+    assert headline["client_error_rate"] == pytest.approx(30 / 60)
 
 
 @pytest.mark.django_db

@@ -29,7 +29,7 @@ def start_stack(control_plane, processes, redis_url, redis_keys) -> Stack:
     urls = start_fleet(processes, names=(NODE,))
     with control_plane.api() as api:
         register_fleet(api, urls)
-        policy = api.post("/policies/", json={"name": "default", "algorithm": "round_robin"})
+        policy = api.post("/policies/", json={"name": "default", "algorithm": "round_robin", "params": {}})
         assert policy.status_code == 201, policy.text
         published = api.post(f"/policies/{policy.json()['id']}/publish/", json={"note": "first"})
         assert published.status_code == 201, published.text

@@ -33,7 +33,9 @@ def fleet_and_gateways(control_plane, processes, redis_url, redis_keys):
     urls = start_fleet(processes, names=("us-east-1",))
     with control_plane.api() as api:
         register_fleet(api, urls)
-        policy = api.post("/policies/", json={"name": "default", "algorithm": "least_load"}).json()
+        policy = api.post(
+            "/policies/", json={"name": "default", "algorithm": "least_load", "params": {}}
+        ).json()
         assert api.post(f"/policies/{policy['id']}/publish/", json={"note": "e2e"}).status_code == 201
     auth_on = {"GORGO_AUTH": "on"}
     gateways = [

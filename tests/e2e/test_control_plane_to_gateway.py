@@ -44,7 +44,7 @@ def test_it_routes_by_what_the_api_publishes(control_plane, processes, redis_url
     urls = start_fleet(processes, names=("us-east-1", "us-east-2"))
     with control_plane.api() as api:
         node_ids = register_fleet(api, urls)
-        policy = api.post("/policies/", json={"name": "default", "algorithm": "round_robin"})
+        policy = api.post("/policies/", json={"name": "default", "algorithm": "round_robin", "params": {}})
         assert policy.status_code == 201, policy.text
         policy_id = policy.json()["id"]
         published = api.post(f"/policies/{policy_id}/publish/", json={"note": "first"})

@@ -117,7 +117,8 @@ def test_an_aggregation_round_pushes_the_changed_buckets_with_their_breakdown(te
     message = listen("telemetry.aggregates")
     assert message["resolution"] == "10s"
     scopes = {(b["scope"], b["key"]): b for b in message["buckets"]}
-    assert set(scopes) == {("node", str(node.pk)), ("region", "us-east")}
+    # The region's bucket, and its split: served in the region (the node is in us-east).
+    assert set(scopes) == {("node", str(node.pk)), ("region", "us-east"), ("local", "us-east")}
     bucket = scopes[("node", str(node.pk))]
     assert (bucket["bucket_start"], bucket["count"]) == (ts, 1)
     assert bucket["breakdown"]["ttft_mean_ms"] == 100.0 and bucket["breakdown"]["gateway_ms"] == 1.0

@@ -13,6 +13,7 @@ from controlplane.locks import task_lock
 from telemetry import rounds, tasks
 from telemetry.models import (
     HealthEvent,
+    KeyUsageAggregate,
     MetricSample,
     ProcessedRequestEntry,
     RequestAggregate,
@@ -51,15 +52,27 @@ def test_every_periodic_task_has_time_limits_an_expiry_and_a_schedule():
     assert 0 < probe.soft_time_limit < probe.time_limit
 
 
-def test_the_fanout_enqueues_one_expiring_probe_per_region(tel, monkeypatch):
+def test_the_fanout_enqueues_one_expiring_probe_per_covered_region(tel, monkeypatch):
     make_regions("us-east", "eu-central", "ap-south")
     sent = []
     monkeypatch.setattr(tasks.probe_region, "apply_async", lambda **kw: sent.append(kw))
+    for slug in ("us-east", "eu-central", "ap-south"):
+        tel.client.set(tel.keys.probe_consumer(slug), "worker@test", ex=30)
 
     assert tasks.probe_fanout() == 3
 
     assert sorted(call["args"][0] for call in sent) == ["ap-south", "eu-central", "us-east"]
     assert all(call["expires"] == settings.GORGO_PROBE_INTERVAL_S for call in sent)
+
+
+def test_the_fanout_sends_nothing_to_a_region_no_worker_probes_from(tel, monkeypatch):
+    make_regions("us-east", "eu-central")
+    sent = []
+    monkeypatch.setattr(tasks.probe_region, "apply_async", lambda **kw: sent.append(kw))
+    tel.client.set(tel.keys.probe_consumer("us-east"), "worker@test", ex=30)
+
+    assert tasks.probe_fanout() == 1
+    assert [call["args"][0] for call in sent] == ["us-east"]
 
 
 def test_a_task_returns_quietly_while_another_run_holds_its_lock(tel):
@@ -94,12 +107,19 @@ def test_prune_keeps_raw_samples_a_day_and_rollups_a_month(tel):
     for ts in (now, two_days, two_months):
         for resolution in ("10s", "1m"):
             RequestAggregate.objects.create(resolution=resolution, scope="node", node=node, bucket_start=ts)
+            KeyUsageAggregate.objects.create(resolution=resolution, key_id="k1", bucket_start=ts)
         HealthEvent.objects.create(node=node, ts=ts, previous="healthy", current="unhealthy", source="probe")
 
     deleted = rounds.prune(tel.client, tel.keys, chunk=1)
 
     assert deleted["rtt_samples"] == deleted["metric_samples"] == deleted["processed_entries"] == 1
     assert deleted["aggregates_10s"] == 2 and deleted["aggregates_1m"] == 1 and deleted["health_events"] == 1
+    assert deleted["key_usage_10s"] == 2 and deleted["key_usage_1m"] == 1
+    assert sorted(
+        KeyUsageAggregate.objects.values_list("resolution", "bucket_start").order_by(
+            "resolution", "bucket_start"
+        )
+    ) == [("10s", now), ("1m", two_days), ("1m", now)]
     assert list(RTTSample.objects.values_list("ts", flat=True)) == [now]
     assert sorted(
         RequestAggregate.objects.filter(resolution="1m").values_list("bucket_start", flat=True)

@@ -70,7 +70,8 @@ def append(tel, *records: RequestRecord) -> list[str]:
 
 
 def bucket(resolution: str, **target) -> RequestAggregate:
-    return RequestAggregate.objects.get(resolution=resolution, **target)
+    scope = "node" if "node" in target or "node_id" in target else "region"
+    return RequestAggregate.objects.get(resolution=resolution, **{"scope": scope, **target})
 
 
 def test_the_breakdown_parts_add_up_to_the_measured_ttft(tel, fleet):
@@ -226,3 +227,39 @@ def test_records_of_removed_nodes_still_count_for_their_region(tel, fleet):
 
     assert bucket("10s", region=regions["us-east"]).count == 1
     assert not RequestAggregate.objects.filter(scope="node").exists()
+
+
+def test_it_keeps_the_clients_4xx_apart_from_the_fleets_failures(tel, fleet):
+    _regions, node = fleet
+    append(
+        tel,
+        record(node, ts=T0 + 1, ttft_ms=100.0),
+        record(node, ts=T0 + 2, ttft_ms=None, status=400, prompt_tokens=None),
+        record(node, ts=T0 + 3, ttft_ms=None, status=404, prompt_tokens=None),
+        record(node, ts=T0 + 4, ttft_ms=None, status=503, prompt_tokens=None),
+        record(node, ts=T0 + 5, ttft_ms=None, status=200, error="upstream reset", prompt_tokens=None),
+    )
+
+    run_round(tel.client, tel.keys)
+
+    row = bucket("10s", region=fleet[0]["us-east"])
+    assert (row.count, row.errors, row.client_errors) == (5, 2, 2)
+    assert (row.error_rate, row.client_error_rate) == (0.4, 0.4)
+
+
+def test_it_splits_a_gateway_regions_requests_into_local_and_cross_region(tel, fleet):
+    regions, remote = fleet  # euc-1 is in eu-central
+    near = make_node("use-1", regions["us-east"], "http://127.0.0.1:10")
+    append(
+        tel,
+        *(record(near, ts=T0 + 1, ttft_ms=20.0, node_region="us-east") for _ in range(3)),
+        *(record(remote, ts=T0 + 1, ttft_ms=200.0) for _ in range(2)),
+    )
+
+    run_round(tel.client, tel.keys)
+
+    us_east = regions["us-east"]
+    assert bucket("10s", region=us_east).count == 5
+    local = RequestAggregate.objects.get(resolution="10s", scope="local", region=us_east)
+    cross = RequestAggregate.objects.get(resolution="10s", scope="cross", region=us_east)
+    assert (local.count, local.ttft_sum_ms, cross.count, cross.ttft_sum_ms) == (3, 60.0, 2, 400.0)

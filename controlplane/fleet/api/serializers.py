@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api import ValidatedModelSerializer
+from controlplane.api import StrictCharField, StrictSlugRelatedField, ValidatedModelSerializer
 from controlplane.fleet.models import LLMModel, Node, Region
 
 
@@ -27,15 +27,24 @@ class LLMModelSerializer(ValidatedModelSerializer):
 
     class Meta:
         model = LLMModel
-        fields = ["id", "url", "name", "kv_block_size", "max_context_tokens", "node_count"]
+        fields = [
+            "id",
+            "url",
+            "name",
+            "kv_block_size",
+            "max_context_tokens",
+            "tokenizer_path",
+            "chat_template_path",
+            "node_count",
+        ]
 
 
 class NodeSerializer(ValidatedModelSerializer):
     """A GPU node: ``region`` by slug and ``models`` by name, both writable."""
 
     url = serializers.HyperlinkedIdentityField(view_name="node-detail")
-    region = serializers.SlugRelatedField(slug_field="slug", queryset=Region.objects.all())
-    models = serializers.SlugRelatedField(
+    region = StrictSlugRelatedField(slug_field="slug", queryset=Region.objects.all())
+    models = StrictSlugRelatedField(
         many=True,
         slug_field="name",
         queryset=LLMModel.objects.all(),
@@ -43,6 +52,7 @@ class NodeSerializer(ValidatedModelSerializer):
         required=False,
         help_text="Names of the models this node serves.",
     )
+    labels = serializers.DictField(child=StrictCharField(allow_blank=True), required=False)
 
     class Meta:
         model = Node
@@ -60,6 +70,9 @@ class NodeSerializer(ValidatedModelSerializer):
             "kv_capacity_tokens",
             "state",
             "labels",
+            "kv_events_endpoint",
+            "kv_events_replay_endpoint",
+            "kv_events_topic",
             "created",
             "last_updated",
         ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.api import ValidatedModelSerializer
+from controlplane.api import StrictSlugRelatedField, ValidatedModelSerializer
 from controlplane.fleet.models import LLMModel, Region
 from controlplane.keys.models import ClientKey
 
@@ -13,7 +13,7 @@ class ClientKeySerializer(ValidatedModelSerializer):
     """A client key: ``models`` by name and ``regions`` by slug (empty: all); never its secret."""
 
     url = serializers.HyperlinkedIdentityField(view_name="client-key-detail")
-    models = serializers.SlugRelatedField(
+    models = StrictSlugRelatedField(
         many=True,
         slug_field="name",
         queryset=LLMModel.objects.all(),
@@ -21,7 +21,7 @@ class ClientKeySerializer(ValidatedModelSerializer):
         required=False,
         help_text="Models the key may use; empty: every model.",
     )
-    regions = serializers.SlugRelatedField(
+    regions = StrictSlugRelatedField(
         many=True,
         slug_field="slug",
         queryset=Region.objects.all(),

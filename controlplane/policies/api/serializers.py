@@ -6,8 +6,14 @@ import msgspec
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 
-from controlplane.api import ValidatedModelSerializer
+from controlplane.api import (
+    StrictCharField,
+    StrictIntegerField,
+    StrictSlugRelatedField,
+    ValidatedModelSerializer,
+)
 from controlplane.fleet.models import LLMModel
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 
@@ -15,20 +21,24 @@ from controlplane.policies.models import PolicyVersion, RoutingPolicy
 class ResidencyRuleSerializer(serializers.Serializer):
     """Clients in ``client_region`` may only be served by nodes in ``node_regions``."""
 
-    client_region = serializers.CharField(max_length=64)
-    node_regions = serializers.ListField(child=serializers.CharField(max_length=64), allow_empty=False)
+    client_region = StrictCharField(max_length=64)
+    node_regions = serializers.ListField(child=StrictCharField(max_length=64), allow_empty=False)
 
 
 class RoutingPolicySerializer(ValidatedModelSerializer):
     """A routing policy. ``params`` are checked against the algorithm; unknown names are errors."""
 
     url = serializers.HyperlinkedIdentityField(view_name="policy-detail")
-    model_scope = serializers.SlugRelatedField(
+    model_scope = StrictSlugRelatedField(
         many=True,
         slug_field="name",
         queryset=LLMModel.objects.all(),
         required=False,
         help_text="Model names this policy serves; empty means every model of the fleet.",
+    )
+    # Required on create and on PUT: a PUT without it used to reset the policy's parameters.
+    params = serializers.DictField(
+        help_text="Algorithm parameters ({} for every default); unknown names are errors."
     )
     residency = serializers.ListField(child=ResidencyRuleSerializer(), required=False)
     live_version = serializers.SerializerMethodField(
@@ -54,7 +64,7 @@ class RoutingPolicySerializer(ValidatedModelSerializer):
             "last_updated",
         ]
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_live_version(self, policy: RoutingPolicy) -> int | None:
         # The active policy's newest version is the newest of all: every publish activates its policy.
         return getattr(policy, "latest_version_number", None) if policy.is_active else None
@@ -103,8 +113,8 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
 
 
 class PublishRequestSerializer(serializers.Serializer):
-    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
-    checksum = serializers.CharField(
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+    checksum = StrictCharField(
         max_length=64,
         required=False,
         help_text="Publish only if the policy still compiles to this checksum (from validate or diff); "
@@ -113,14 +123,16 @@ class PublishRequestSerializer(serializers.Serializer):
 
 
 class RollbackRequestSerializer(serializers.Serializer):
-    version = serializers.IntegerField(min_value=1, help_text="Number of an earlier version of this policy.")
-    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    version = StrictIntegerField(
+        min_value=1, max_value=2**31 - 1, help_text="Number of an earlier version of this policy."
+    )
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
 
     def validate_version(self, number: int) -> PolicyVersion:
         policy = self.context["policy"]
         version = PolicyVersion.objects.filter(policy=policy, number=number).first()
         if version is None:
-            raise serializers.ValidationError(f"Version {number} is not a version of policy {policy.name}.")
+            raise NotFound(f"Version {number} is not a version of policy {policy.name}.")
         return version
 
 

@@ -63,7 +63,14 @@ class RoutingPolicyViewSet(BaseModelViewSet):
         return self._published(result)
 
     @extend_schema(
-        request=RollbackRequestSerializer, responses=_PUBLISHED, summary="Publish an earlier version again"
+        request=RollbackRequestSerializer,
+        responses={
+            **_PUBLISHED,
+            404: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="No such policy, or no such version of it."
+            ),
+        },
+        summary="Publish an earlier version again",
     )
     @action(detail=True, methods=["post"])
     @required_perms("policies.publish_routingpolicy")

@@ -1,0 +1,85 @@
+"""Failed sign-ins and bad API tokens, throttled per client address.
+
+Both kinds of failure count against one Redis counter per address (``RedisKeys.auth_failures``,
+expiring ``GORGO_AUTH_FAILURE_WINDOW_S`` after the first failure). At ``GORGO_AUTH_FAILURES``
+failures the address is refused until the window ends: password logins (admin and dashboard)
+fail even with the right password, token requests answer 429 with ``Retry-After``. A guessing
+attack gets ten tries, not thousands. When Redis is unreachable, nothing is throttled (sign-in
+must not depend on it) and a warning is logged.
+
+Our own counter rather than django-axes: token failures never pass through django.contrib.auth,
+and one counter covers both paths with the Redis the control plane already has.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication, get_authorization_header
+
+from controlplane.connections import redis_client, redis_keys
+
+log = logging.getLogger(__name__)
+
+
+def client_address(request: HttpRequest) -> str:
+    return request.META.get("REMOTE_ADDR") or "unknown"
+
+
+def is_throttled(request: HttpRequest) -> bool:
+    try:
+        failures = redis_client().get(redis_keys().auth_failures(client_address(request)))
+    except redis.RedisError as exc:
+        log.warning("sign-in throttling unavailable (Redis): %s", exc)
+        return False
+    return failures is not None and int(failures) >= settings.GORGO_AUTH_FAILURES
+
+
+def record_failure(request: HttpRequest) -> None:
+    key = redis_keys().auth_failures(client_address(request))
+    try:
+        pipe = redis_client().pipeline(transaction=True)
+        pipe.set(key, 0, ex=int(settings.GORGO_AUTH_FAILURE_WINDOW_S), nx=True)  # the window starts
+        pipe.incr(key)  # keeps the expiry
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not count a failed sign-in (Redis): %s", exc)
+
+
+class ThrottledModelBackend(ModelBackend):
+    """Django's password backend, refusing an address with too many recent failures."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is None:  # not a web sign-in (a management command, a test client login)
+            return super().authenticate(request, username=username, password=password, **kwargs)
+        if is_throttled(request):
+            log.warning("sign-in from %s refused: too many failures", client_address(request))
+            raise PermissionDenied("too many failed sign-ins")
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is None:
+            record_failure(request)
+        return user
+
+
+class ThrottledTokenAuthentication(TokenAuthentication):
+    """DRF's token authentication; an address sending too many bad tokens gets 429."""
+
+    def authenticate(self, request):
+        header = get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if is_throttled(request):
+            raise exceptions.Throttled(
+                wait=settings.GORGO_AUTH_FAILURE_WINDOW_S, detail="Too many failed sign-ins; try again later."
+            )
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            record_failure(request)
+            raise

@@ -1,0 +1,104 @@
+"""`make run` defaults are safe: no DEBUG, a generated SECRET_KEY, offline API docs, masked logs.
+
+The control plane runs as a real process without DEBUG (what `make run` starts): pages, the admin
+and their static files must still work, and nothing technical may leak.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.settings import generated_secret_key
+from tests.conftest import ROOT, ControlPlane, ProcessGroup, free_port
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def production_web(control_plane: ControlPlane, processes: ProcessGroup) -> str:
+    """The control plane's database served by a second process with DEBUG off, as `make run` does."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    processes.start(
+        "web-production",
+        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)],
+        env={"DEBUG": "false"},
+        ready_url=f"{url}/login/",
+    )
+    return url
+
+
+def test_make_run_does_not_turn_debug_on() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert not re.search(r"^\s*(export\s+)?DEBUG\s*[?:]?=", makefile, re.MULTILINE)
+
+
+def test_it_keeps_a_generated_secret_key_private_and_stable(tmp_path: Path) -> None:
+    path = tmp_path / "var" / "secret-key"
+    key = generated_secret_key(path)
+    assert len(key) >= 40
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert generated_secret_key(path) == key
+
+
+def test_pages_admin_and_static_files_work_without_debug(production_web: str) -> None:
+    with httpx.Client(base_url=production_web, timeout=10.0) as web:
+        login = web.get("/login/")
+        assert login.status_code == 200
+        for asset in set(re.findall(r'(?:href|src)="(/static/[^"]+)"', login.text)):
+            assert web.get(asset).status_code == 200, asset
+        token = web.cookies["csrftoken"]
+        signed_in = web.post(
+            "/login/",
+            data={"username": "e2e", "password": "e2e-operator-pw", "csrfmiddlewaretoken": token},
+            headers={"Referer": f"{production_web}/login/"},
+        )
+        assert signed_in.status_code == 302, signed_in.text[:500]
+        overview = web.get("/")
+        assert overview.status_code == 200
+        assets = set(re.findall(r'(?:href|src)="(/(?:static|vendor)/[^"]+)"', overview.text))
+        assert assets
+        for asset in assets:
+            assert web.get(asset).status_code == 200, asset
+        admin = web.get("/admin/")
+        assert admin.status_code == 200
+        assert web.get("/static/admin/css/base.css").status_code == 200
+
+
+def test_api_docs_work_offline(production_web: str) -> None:
+    docs = httpx.get(f"{production_web}/api/docs/", timeout=10.0)
+    assert docs.status_code == 200
+    assert "cdn.jsdelivr" not in docs.text and "unpkg" not in docs.text
+    assets = re.findall(r'(?:href|src)="([^"]+\.(?:js|css|png))"', docs.text)
+    assert any("swagger-ui-bundle" in asset for asset in assets)
+    for asset in assets:
+        assert asset.startswith("/static/"), asset
+        assert httpx.get(f"{production_web}{asset}", timeout=10.0).status_code == 200, asset
+
+
+def test_a_404_lists_no_urls(production_web: str) -> None:
+    response = httpx.get(f"{production_web}/no-such-page/", timeout=10.0)
+    assert response.status_code == 404
+    assert "URLconf" not in response.text and "api/v1" not in response.text
+
+
+def test_the_gateway_masks_redis_credentials_in_its_log(processes: ProcessGroup, redis_keys) -> None:
+    port = free_port()
+    process = processes.start(
+        "gateway",
+        [sys.executable, "-m", "routing", "--region", "us-east", "--port", str(port)],
+        env={
+            "REDIS_URL": "redis://gorgo:hunter2-userinfo@127.0.0.1:6379/0?password=hunter2-query",
+            "GORGO_REDIS_PREFIX": redis_keys.prefix,
+        },
+        ready_text="starting",
+    )
+    log = process.log()
+    assert "hunter2" not in log
+    assert "redis://gorgo:***@127.0.0.1:6379/0?password=***" in log

@@ -1,0 +1,117 @@
+"""Probe workers pick up regions added later without a restart, and nothing piles up in Redis.
+
+Real processes: a migrated control plane (API), a Celery worker and beat on its database. Before,
+a worker consumed the probe queues it was started with; a region added later got a queue nobody
+read (142 queues, 3,958 messages after a while) and the docs said "restart".
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+import redis
+
+from tests.conftest import ControlPlane, ProcessGroup, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+INTERVAL_S = "0.5"
+
+
+def wait_for(what: str, check: Callable[[], bool], processes: ProcessGroup, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    pytest.fail(f"timed out waiting for {what}\n{processes.logs()}")
+
+
+def add_region(api: httpx.Client, slug: str, node_port: int) -> None:
+    region = {"slug": slug, "name": slug, "latitude": 10.0, "longitude": 10.0}
+    assert api.post("/regions/", json=region).status_code == 201
+    node = {"name": f"{slug}-1", "region": slug, "base_url": f"http://127.0.0.1:{node_port}"}
+    assert api.post("/nodes/", json=node).status_code == 201
+
+
+def probed_from(api: httpx.Client, slug: str) -> int:
+    return api.get("/telemetry/rtt-samples/", params={"region": slug, "limit": 1}).json()["count"]
+
+
+def start_worker_and_beat(processes: ProcessGroup, prefix: str, probe_regions: str) -> None:
+    env = {
+        "GORGO_PROBE_INTERVAL_S": INTERVAL_S,
+        "GORGO_PROBE_REGIONS": probe_regions,
+        "GORGO_PROBE_TIMEOUT_S": "0.3",
+    }
+    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
+    processes.start(
+        "worker",
+        [
+            *celery,
+            "worker",
+            "-Q",
+            f"{prefix}.default",
+            "--pool=threads",
+            "--concurrency=4",
+            "-n",
+            f"{prefix}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel=INFO",
+        ],
+        env={**env, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
+        ready_text="ready.",
+        timeout_s=60,
+    )
+    processes.start(
+        "beat",
+        [*celery, "beat", "-s", str(processes.directory / "beat-schedule"), "--loglevel=INFO"],
+        env={**env, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
+        ready_text="Starting",
+    )
+
+
+def queue_lengths(client: redis.Redis, prefix: str) -> dict[str, int]:
+    return {
+        key.decode(): client.llen(key)
+        for key in client.scan_iter(match=f"{prefix}:celery:probe.*", count=500)
+        if client.type(key) == b"list"
+    }
+
+
+def test_a_worker_probes_from_a_region_added_after_it_started(
+    control_plane: ControlPlane, processes: ProcessGroup, redis_url: str
+) -> None:
+    prefix = control_plane.env["GORGO_REDIS_PREFIX"]
+    client = redis.Redis.from_url(redis_url)
+    with control_plane.api() as api:
+        add_region(api, "us-east", free_port())
+        start_worker_and_beat(processes, prefix, "*")
+        wait_for("probes from us-east", lambda: probed_from(api, "us-east") > 0, processes)
+
+        add_region(api, "eu-west", free_port())  # the worker is running: no restart
+        wait_for("probes from eu-west", lambda: probed_from(api, "eu-west") > 0, processes)
+        time.sleep(3 * float(INTERVAL_S))
+        assert all(length <= 2 for length in queue_lengths(client, prefix).values()), queue_lengths(
+            client, prefix
+        )
+    assert "probing from eu-west now" in processes.processes["worker"].log()
+
+
+def test_a_region_no_worker_probes_from_gets_no_messages(
+    control_plane: ControlPlane, processes: ProcessGroup, redis_url: str
+) -> None:
+    prefix = control_plane.env["GORGO_REDIS_PREFIX"]
+    client = redis.Redis.from_url(redis_url)
+    with control_plane.api() as api:
+        add_region(api, "us-east", free_port())
+        add_region(api, "eu-west", free_port())
+        start_worker_and_beat(processes, prefix, "us-east")  # a worker that probes from us-east only
+        wait_for("probes from us-east", lambda: probed_from(api, "us-east") > 5, processes)
+        assert probed_from(api, "eu-west") == 0
+    assert client.llen(f"{prefix}:celery:probe.eu-west") == 0
