@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from simulator.kv_cache import extend_block_hashes
+from simulator.kv_cache import hash_block
 from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
 from simulator.server import SimNode
 from simulator.topology import Topology, TopologyError
@@ -101,7 +101,6 @@ class Fleet:
         if len(self.oracle_ms) >= MAX_ORACLE_RECORDS:
             return
         region = region or arrived_at.region
-        hashes: list[int] = []
         best_ms = float("inf")
         for node in self.nodes.values():
             engine = node.engine
@@ -110,9 +109,17 @@ class Fleet:
             params = node.params
             block = params.block_size
             full_blocks = (len(prompt_ids) - 1) // block  # vLLM computes at least the last token
-            if len(hashes) < full_blocks:
-                extend_block_hashes(hashes, prompt_ids, block, full_blocks)
-            cached = engine.pool.match_prefix(hashes, full_blocks) * block
+            # Each engine chains its block hashes from its own random root (as vLLM does), so
+            # the prefix is hashed per node, and only as far as that node holds it.
+            parent = getattr(engine, "hash_root", 0)
+            pool = engine.pool
+            cached_blocks = 0
+            for index in range(full_blocks):
+                parent = hash_block(parent, prompt_ids[index * block : (index + 1) * block])
+                if not pool.is_cached(parent):
+                    break
+                cached_blocks += 1
+            cached = cached_blocks * block
             ms = (
                 self.topology.rtt_ms(region, node.region)
                 + params.decode_step_base_ms
