@@ -1,35 +1,45 @@
-"""Routing quality: how much TTFT each routing policy costs on the emulated three-region fleet.
+"""Routing quality: how much TTFT each routing policy costs on an emulated geo-distributed fleet.
 
-    python benchmarks/routing_quality.py            # full run, ~11 min; needs Redis at REDIS_URL
-    python benchmarks/routing_quality.py --quick    # smoke run, ~1 min: 150 requests, 2 policies
+    python benchmarks/routing_quality.py                      # the committed run, ~25 min
+    python benchmarks/routing_quality.py --quick              # smoke run, ~1 min
+    python benchmarks/routing_quality.py --workloads four-region --topology my.toml \
+        --client-share ap-south=0.4,us-east=0.3,eu-central=0.3 --seeds 1
 
-For every (workload, policy) pair, on a fresh fleet so no run inherits another's cache or index:
+Each scenario (a workload on a topology with a client mix, ``SCENARIOS``) runs every policy on a
+fresh fleet per (policy, seed), so no run inherits another's cache or index:
 
-- the fleet: the simulator's default topology (three regions, two nodes each, its RTTs), every
-  node prefilling 10,638 tokens/s (the GORGO paper's 0.094 ms/token) with a KV cache of 2,048
-  blocks (32k tokens, so caches evict) and ``max_model_len`` 16,384 (vLLM refuses a context longer
-  than the cache), all six in one process (``python -m simulator --region-ports``);
+- the fleet: the scenario's topology file (``--topology`` replaces it), every node prefilling
+  10,638 tokens/s (the GORGO paper's 0.094 ms/token) with a KV cache of 2,048 blocks (32k tokens,
+  so caches evict) and ``max_model_len`` 16,384, all nodes in one process (``python -m simulator
+  --topology ... --region-ports --control-port ... --oracle``);
 - gorgo policies: one gateway per region as real processes (``python -m routing``) under a Redis
-  prefix of the run's own. The policy goes to Redis as the control plane writes it (a
-  ``PolicySnapshot`` with the contract's structs, no Django), and so does an ``RTTTable`` computed
-  from the topology (the RTT plus the mean jitter, what the telemetry probes measure);
-- the peer, the Rust ``vllm-router`` (``cache_aware``, its defaults), one per region, each
-  pointed at the nodes' ports for its region (``SimNode.url_for``) so it pays the same WAN delay
-  the gateways' ``X-Gorgo-Region`` header buys;
+  prefix of the run's own, the policy written as the control plane writes it (a ``PolicySnapshot``)
+  with an ``RTTTable`` computed from the topology (RTT plus the mean jitter);
+- the regional baseline (what operators deploy today: geo-DNS to the nearest region and a
+  cache-aware router per region over that region's nodes only): ``vllm-router@local`` (the Rust
+  ``vllm-router``, ``cache_aware``, one per region over its region's nodes) and
+  ``prefix_affinity@local`` (gorgo's gateways with ``prefix_affinity``, ``scope: local``);
+- the global peer ``vllm-router`` (one per region over every node, through the nodes' ports for
+  its region so it pays the same WAN delay);
 - the traffic: ``simulator.traffic`` plans, seeded, identical for every policy; clients in each
-  region send to their region's gateway (or router). TTFT is measured by the client: request
-  sent to first content token. The first 10 % of the arrivals warm the caches and are left out of
-  the figures; then ``--requests`` (1,000) are measured. Bounded: arrivals stop at the count (or
-  1.5x its expected duration) and answers still running 60 s later are cut and counted as errors.
+  region send to their region's gateway (or router). TTFT is measured by the client. The first 10 %
+  of the arrivals warm the caches and are left out of the figures. ``region-outage`` stops the
+  first region's nodes through the simulator's fault API and restarts them; the outage is noticed
+  ``DETECTION_S`` later (gateways: the nodes' live state turns unhealthy, as telemetry's health
+  check writes it; the regional vllm-router: its region's clients are repointed to the nearest
+  other region, as geo-DNS failover does);
+- the oracle: the simulator logs, as each request reaches the fleet, the fastest first token any
+  node could give it (RTT from the client's region, the blocks that node holds, its prefill speed,
+  no queue); each policy's TTFT is reported against it.
 
-Results: benchmarks/results/routing_quality.{json,md,png} (``--out`` to write elsewhere). The
-numbers, the calibration of the rates and the targets are in the markdown.
+Results: benchmarks/results/routing_quality.{json,md,png} (``--out`` to write elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -51,6 +61,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from routing_quality_report import (  # this directory is on sys.path
     PEER,
+    PEER_LOCAL,
     RunFigures,
     summarize_run,
     write_outputs,
@@ -61,6 +72,7 @@ from routing.contract import (
     PARAMS_BY_ALGORITHM,
     SCHEMA_VERSION,
     ModelSpec,
+    NodeLiveState,
     NodeSpec,
     PolicySnapshot,
     PolicySpec,
@@ -74,15 +86,41 @@ from routing.contract import (
 )
 from routing.writer import write_snapshot
 from simulator.harness import free_port, stop_process_group, wait_until
+from simulator.server import oracle_key_of
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
-from simulator.traffic.workloads import WORKLOADS, Workload, WorkloadPlan
+from simulator.traffic.workloads import (
+    DIURNAL_PEAK_SHARE,
+    Workload,
+    WorkloadPlan,
+    check_client_shares,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-GORGO_POLICIES = ALGORITHMS
-QUICK_POLICIES = ("least_load", "gorgo")
+FOUR_REGION_TOPOLOGY_PATH = ROOT / "simulator" / "topologies" / "four-region-short.toml"
+
+# Policies run by the gateways: report name -> (algorithm, parameters other than the defaults).
+# Every algorithm of the contract under its own name, plus the variants the issue compares.
+GORGO_POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
+    **{name: (name, {}) for name in ALGORITHMS},
+    "prefix_affinity@local": ("prefix_affinity", {"scope": "local"}),
+    "gorgo@greedy": ("gorgo", {"w_displacement": 0.0}),
+}
+PEERS = (PEER, PEER_LOCAL)
+DEFAULT_POLICIES = (
+    "least_load",
+    "prefix_affinity",
+    PEER,
+    PEER_LOCAL,
+    "prefix_affinity@local",
+    "gorgo@greedy",
+    "gorgo",
+)
+QUICK_POLICIES = ("prefix_affinity@local", "gorgo")
+# gorgo@greedy only where overflow happens (the design comparison); the others everywhere.
+OVERFLOW_ONLY_POLICIES = ("gorgo@greedy",)
 
 # The fleet (the same for every workload and policy).
 PREFILL_TOKENS_PER_S = 1000.0 / 0.094  # the GORGO paper's 0.094 ms per prompt token
@@ -95,19 +133,73 @@ ENGINE_OVERRIDES = {
 }
 MAX_TOKENS = 128  # the traffic generator's default answer cap
 
-# Arrival rates, calibrated once (``--calibrate``, method in the markdown): the rate at which the
-# cache-oblivious least_load policy keeps the fleet's prefill 65 % busy, capped by what this
-# 2-vCPU machine can drive without the harness itself becoming the bottleneck.
+# Arrival rates, calibrated once on the three-region fleet (``--calibrate``, method in the
+# markdown): the rate at which the cache-oblivious least_load policy keeps the fleet's prefill 65 %
+# busy (geo-chat 42/s, no-share 20.4/s over six nodes), capped by what this 2-vCPU machine can
+# drive. Per node, so another topology gets the same load per node.
 TARGET_PREFILL_UTILIZATION = 0.65
 HARNESS_MAX_RATE_RPS = 80.0
-RATE_RPS: dict[Workload, float] = {"geo-chat": 42.0, "no-share": 20.4, "hot-prefix": 80.0}
-REQUESTS_PER_RUN = 1000  # measured, after the warm-up
+RATE_RPS_PER_NODE: dict[Workload, float] = {
+    "geo-chat": 7.0,
+    "region-outage": 7.0,
+    "no-share": 3.4,
+}
+FIXED_RATE_RPS: dict[Workload, float] = {"hot-prefix": 80.0}
+# diurnal: the peak region receives DIURNAL_PEAK_SHARE of the requests at this multiple of what
+# an average region's nodes can prefill (unique prompts of 1k-3k tokens, 2k on average).
+DIURNAL_PEAK_LOAD = 2.0
+DIURNAL_MEAN_PROMPT_TOKENS = 2000
+REQUESTS_PER_RUN = 320  # measured, after the warm-up (a flag: --requests)
 # Sent first and left out of the figures: every run starts with empty caches and indexes, and in
 # its first second every policy pays the same cold prefills; steady state is what is compared.
 WARMUP_SHARE = 0.1
 QUICK_REQUESTS_PER_RUN = 150
-SEED = 1
+SEEDS = (1, 2, 3)
 DRAIN_S = 60.0
+# How long after a node dies (or returns) the routers act on it: telemetry's health check marks
+# it in the live state; geo-DNS repoints the region's clients. Both generous to every policy.
+DETECTION_S = 1.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A workload on a topology with a client mix: one section of the report."""
+
+    name: str
+    workload: Workload
+    topology_path: Path
+    client_shares: dict[str, float] | None = None  # region -> share; None: even
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "geo-chat": Scenario("geo-chat", "geo-chat", DEFAULT_TOPOLOGY_PATH),
+    "diurnal": Scenario("diurnal", "diurnal", DEFAULT_TOPOLOGY_PATH),
+    "region-outage": Scenario("region-outage", "region-outage", DEFAULT_TOPOLOGY_PATH),
+    # The under-provisioned case: ap-northeast has one node and 40 % of the clients.
+    "four-region": Scenario(
+        "four-region",
+        "geo-chat",
+        FOUR_REGION_TOPOLOGY_PATH,
+        {"ap-northeast": 0.4, "us-west": 0.2, "eu-west": 0.2, "sa-east": 0.2},
+    ),
+    "no-share": Scenario("no-share", "no-share", DEFAULT_TOPOLOGY_PATH),
+    "hot-prefix": Scenario("hot-prefix", "hot-prefix", DEFAULT_TOPOLOGY_PATH),
+}
+DEFAULT_SCENARIOS = ("geo-chat", "diurnal", "region-outage", "four-region")
+OVERFLOW_SCENARIOS = ("diurnal", "four-region")
+
+
+def scenario_rate(scenario: Scenario, topology: Topology) -> float:
+    """The arrival rate of a scenario on a topology (see the constants above)."""
+    workload = scenario.workload
+    if workload in FIXED_RATE_RPS:
+        return FIXED_RATE_RPS[workload]
+    if workload == "diurnal":
+        region_tokens_per_s = PREFILL_TOKENS_PER_S * len(topology.nodes) / len(topology.regions)
+        rate = DIURNAL_PEAK_LOAD * region_tokens_per_s / DIURNAL_MEAN_PROMPT_TOKENS / DIURNAL_PEAK_SHARE
+    else:
+        rate = RATE_RPS_PER_NODE[workload] * len(topology.nodes)
+    return round(min(rate, HARNESS_MAX_RATE_RPS), 1)
 
 
 # ---- processes -------------------------------------------------------------------------------
@@ -160,10 +252,13 @@ class FleetProc:
 
     proc: Proc
     nodes: list[dict[str, Any]]  # {"name", "region", "url", "region_urls"}, topology order
+    control_url: str  # the fault API (and GET /oracle)
 
 
-def start_fleet(workdir: Path) -> FleetProc:
-    argv = [sys.executable, "-m", "simulator", "--auto-ports", "--region-ports", "--json"]
+def start_fleet(workdir: Path, topology_path: Path) -> FleetProc:
+    control_port = free_port()
+    argv = [sys.executable, "-m", "simulator", "--topology", str(topology_path), "--auto-ports"]
+    argv += ["--region-ports", "--json", "--oracle", "--control-port", str(control_port)]
     for name, value in ENGINE_OVERRIDES.items():
         argv += ["--engine", f"{name}={value}"]
     proc = spawn("fleet", argv, workdir)
@@ -174,7 +269,7 @@ def start_fleet(workdir: Path) -> FleetProc:
             return None
         return json.loads(next(line for line in text.splitlines() if line.startswith("{")))
 
-    return FleetProc(proc, wait_ready(proc, described)["nodes"])
+    return FleetProc(proc, wait_ready(proc, described)["nodes"], f"http://127.0.0.1:{control_port}")
 
 
 def start_gateways(
@@ -202,13 +297,16 @@ def start_gateways(
 
 
 def start_peers(
-    workdir: Path, router: str, fleet: FleetProc, regions: list[str]
+    workdir: Path, router: str, fleet: FleetProc, regions: list[str], *, local: bool
 ) -> tuple[list[Proc], dict[str, str]]:
+    """One router per region: over every node (``local=False``) or its region's nodes only."""
     procs: list[Proc] = []
     urls: dict[str, str] = {}
     for region in regions:
         port = free_port()
-        workers = [node["region_urls"][region] for node in fleet.nodes]
+        workers = [
+            node["region_urls"][region] for node in fleet.nodes if not local or node["region"] == region
+        ] or [node["region_urls"][region] for node in fleet.nodes]  # a region without nodes: all
         argv = [router, "--worker-urls", *workers, "--policy", "cache_aware"]
         argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         # Each instance also serves Prometheus metrics, on a fixed default port unless told.
@@ -257,12 +355,12 @@ def publish_policy(
     topology: Topology,
     nodes: tuple[NodeSpec, ...],
     algorithm: str,
-    overrides: dict[str, float] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
     """Write the RTT table and the policy snapshot, as telemetry and the control plane would.
 
-    ``overrides`` set policy parameters the algorithm has (the others are ignored), for
-    sensitivity runs; the committed results use every policy's defaults.
+    ``overrides`` set policy parameters the algorithm has (the others are ignored): the policy's
+    own (``GORGO_POLICIES``) and a run's ``--param``s.
     """
     now_s = time.time()
     entries = tuple(
@@ -300,7 +398,7 @@ def publish_policy(
         raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
 
 
-def _params(algorithm: str, overrides: dict[str, float]) -> Any:
+def _params(algorithm: str, overrides: dict[str, Any]) -> Any:
     params_type = PARAMS_BY_ALGORITHM[algorithm]
     known = {name: value for name, value in overrides.items() if name in params_type.__struct_fields__}
     return msgspec.convert(known, params_type)
@@ -316,11 +414,11 @@ def delete_namespace(client: redis.Redis, prefix: str) -> None:
 
 @dataclass
 class RunSpec:
-    workload: Workload
-    policy: str  # one of GORGO_POLICIES, or PEER
+    scenario: Scenario
+    policy: str  # a key of GORGO_POLICIES, or one of PEERS
     rate_rps: float
     requests: int
-    seed: int = SEED
+    seed: int = 1
     param_overrides: dict[str, float] = field(default_factory=dict)
 
 
@@ -334,6 +432,7 @@ class RunOutput:
     # that arrived in this window, over its length, is the load they offered the fleet.
     arrival_window_s: float
     records: list[RequestRecord] = field(default_factory=list)
+    oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
 
 
 COUNTERS = {
@@ -356,10 +455,42 @@ async def scrape(http: httpx.AsyncClient, url: str) -> dict[str, float]:
     return values
 
 
+@dataclass
+class OutageActions:
+    """What a run does when a region's nodes die and come back (region-outage)."""
+
+    control_url: str
+    nodes_of: dict[str, list[str]]  # region -> node names
+    # after DETECTION_S: (region, healthy) -> None, the routers' reaction (live state or DNS)
+    on_detected: Any
+
+
+async def apply_outages(plan: WorkloadPlan, actions: OutageActions, http: httpx.AsyncClient) -> None:
+    """Stop and restart the outage regions' nodes on the plan's clock (simulator fault API)."""
+    loop = asyncio.get_running_loop()
+    started_s = loop.time()
+    events = sorted(
+        [(o.start_s, o.region, "stop") for o in plan.outages]
+        + [(o.end_s, o.region, "start") for o in plan.outages]
+    )
+    for at_s, region, action in events:
+        await asyncio.sleep(max(0.0, started_s + at_s - loop.time()))
+        for name in actions.nodes_of[region]:
+            (await http.post(f"{actions.control_url}/nodes/{name}/{action}", timeout=10.0)).raise_for_status()
+        await asyncio.sleep(DETECTION_S)
+        actions.on_detected(region, action == "start")
+
+
 async def drive(
-    plan: WorkloadPlan, targets: dict[str, str], node_urls: dict[str, str], warmup_requests: int
-) -> tuple[list[RequestResult], dict[str, dict[str, float]]]:
-    """Send the plan; snapshot the nodes' counters when the warm-up ends and after the last answer."""
+    plan: WorkloadPlan,
+    targets: dict[str, str],
+    node_urls: dict[str, str],
+    warmup_requests: int,
+    outages: OutageActions | None = None,
+) -> tuple[list[RequestResult], dict[str, dict[str, float]], dict[str, Any]]:
+    """Send the plan; snapshot the nodes' counters when the warm-up ends and after the last answer.
+
+    Also returns the fleet's oracle log (``GET /oracle``)."""
     async with httpx.AsyncClient() as http:
 
         async def scrape_all() -> dict[str, dict[str, float]]:
@@ -375,13 +506,51 @@ async def drive(
             return await scrape_all()
 
         warm = asyncio.create_task(at_warm_end())
+        faults = asyncio.create_task(apply_outages(plan, outages, http)) if outages and plan.outages else None
         results = await run_plan(plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S)
         before = await warm
+        if faults is not None:
+            await faults
         after = await scrape_all()
+        oracle = (
+            (await http.get(f"{outages.control_url}/oracle", timeout=30.0)).json()["requests"]
+            if outages
+            else {}
+        )
     increase = {
         node: {name: after[node][name] - before[node][name] for name in after[node]} for node in after
     }
-    return results, increase
+    return results, increase, oracle
+
+
+def oracle_by_index(plan: WorkloadPlan, oracle: dict[str, Any]) -> dict[int, float]:
+    """Each arrival's lower bound, found by the key the simulator logged it under."""
+    first_text: dict[str, str] = {}
+    for arrival in plan.arrivals:
+        if arrival.turn == 0:
+            first_text[arrival.conversation_id] = arrival.user_text
+    found: dict[int, float] = {}
+    for arrival in plan.arrivals:
+        entry = oracle.get(oracle_key_of(first_text.get(arrival.conversation_id, ""), arrival.turn + 1))
+        if entry is not None:
+            found[arrival.index] = float(entry[1])
+    return found
+
+
+def mark_health(client: redis.Redis, keys: RedisKeys, node_ids: list[int], healthy: bool) -> None:
+    """What telemetry's health check writes when nodes stop (or start) answering."""
+    now_s = time.time()
+    with client.pipeline() as pipe:
+        for node_id in node_ids:
+            state = NodeLiveState(SCHEMA_VERSION, node_id, healthy=healthy, updated_at=now_s)
+            pipe.hset(keys.live_nodes, str(node_id), encode(state))
+        pipe.publish(keys.live_channel, keys.live_nodes)
+        pipe.execute()
+
+
+def nearest_region(topology: Topology, region: str) -> str:
+    others = [r.slug for r in topology.regions if r.slug != region]
+    return min(others, key=lambda other: topology.rtt_ms(region, other))
 
 
 def run_once(
@@ -390,7 +559,7 @@ def run_once(
     regions = [region.slug for region in topology.regions]
     warmup = round(spec.requests * WARMUP_SHARE)
     plan = build_plan(
-        spec.workload,
+        spec.scenario.workload,
         regions,
         rate_rps=spec.rate_rps,
         # The count ends a run, not the clock: the duration leaves room for Poisson variation.
@@ -398,34 +567,57 @@ def run_once(
         max_requests=spec.requests + warmup,
         seed=spec.seed,
         max_tokens=MAX_TOKENS,
+        client_shares=spec.scenario.client_shares,
     )
-    fleet = start_fleet(workdir)
+    fleet = start_fleet(workdir, spec.scenario.topology_path)
     procs: list[Proc] = [fleet.proc]
     client = redis.Redis.from_url(redis_url)
     prefix = f"gorgobench-rq-{uuid.uuid4().hex[:12]}"
     keys = RedisKeys(prefix=prefix)
     try:
-        if spec.policy == PEER:
+        nodes = node_specs(topology, fleet)
+        if spec.policy in PEERS:
             assert router is not None
-            peer_procs, targets = start_peers(workdir, router, fleet, regions)
+            peer_procs, targets = start_peers(
+                workdir, router, fleet, regions, local=spec.policy == PEER_LOCAL
+            )
             procs += peer_procs
         else:
+            algorithm, policy_params = GORGO_POLICIES[spec.policy]
             publish_policy(
-                client, keys, topology, node_specs(topology, fleet), spec.policy, spec.param_overrides
+                client, keys, topology, nodes, algorithm, {**policy_params, **spec.param_overrides}
             )
             gateway_procs, targets = start_gateways(workdir, regions, redis_url, prefix)
             procs += gateway_procs
+        home_targets = dict(targets)
+
+        def on_detected(region: str, healthy: bool) -> None:
+            if spec.policy == PEER_LOCAL:  # geo-DNS: the region's clients go to the nearest region
+                targets[region] = (
+                    home_targets[region] if healthy else home_targets[nearest_region(topology, region)]
+                )
+            elif spec.policy != PEER:  # the gateways read health from the live state
+                mark_health(client, keys, [n.id for n in nodes if n.region == region], healthy)
+            # the global vllm-router finds out by itself (its health checks and retries)
+
+        outages = OutageActions(
+            fleet.control_url,
+            {region: [n.name for n in nodes if n.region == region] for region in regions},
+            on_detected,
+        )
         node_urls = {node["name"]: node["url"] for node in fleet.nodes}
-        results, counters = asyncio.run(drive(plan, targets, node_urls, warmup))
+        results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages))
         window_s = plan.arrivals[-1].at_s - plan.arrivals[min(warmup, len(plan.arrivals) - 1)].at_s
         records: list[RequestRecord] = []
-        if spec.policy != PEER:
+        if spec.policy not in PEERS:
             time.sleep(0.3)  # the gateways flush their request logs every 50 ms
             records = [
                 decode(fields[b"r"], RequestRecord) for _, fields in client.xrange(keys.request_stream)
             ]
         regions_of = {n["name"]: n["region"] for n in fleet.nodes}
-        return RunOutput(results, warmup, counters, regions_of, window_s, records)
+        return RunOutput(
+            results, warmup, counters, regions_of, window_s, records, oracle_by_index(plan, oracle)
+        )
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -437,12 +629,12 @@ def run_once(
 
 
 def calibrate(
-    workload: Workload, probe_rate_rps: float, requests: int, topology: Topology, redis_url: str
+    scenario: Scenario, probe_rate_rps: float, requests: int, topology: Topology, redis_url: str
 ) -> dict[str, Any]:
     """Measure least_load's computed prefill per request and derive the rate for the target load."""
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-rq-cal-"))
     output = run_once(
-        RunSpec(workload, "least_load", probe_rate_rps, requests), topology, redis_url, workdir, None
+        RunSpec(scenario, "least_load", probe_rate_rps, requests), topology, redis_url, workdir, None
     )
     figures = summarize_run(output, PREFILL_TOKENS_PER_S)
     computed_per_request = figures.computed_prefill_tokens / max(1, figures.requests)
@@ -451,7 +643,7 @@ def calibrate(
     rate = probe_rate_rps * TARGET_PREFILL_UTILIZATION / max(figures.prefill_utilization, 1e-6)
     shutil.rmtree(workdir, ignore_errors=True)
     return {
-        "workload": workload,
+        "workload": scenario.name,
         "probe_rate_rps": probe_rate_rps,
         "requests": figures.requests,
         "computed_prefill_tokens_per_request": round(computed_per_request, 1),
@@ -464,28 +656,61 @@ def calibrate(
 # ---- main ------------------------------------------------------------------------------------
 
 
+def parse_client_shares(text: str) -> dict[str, float]:
+    """``us-east=0.4,eu-central=0.3`` -> {region: share}; ``ValueError`` naming a bad item."""
+    shares: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        region, sep, raw = item.partition("=")
+        try:
+            shares[region.strip()] = float(raw)
+        except ValueError:
+            raise ValueError(f"--client-share expects REGION=SHARE, got {item!r}") from None
+        if not sep or not region.strip():
+            raise ValueError(f"--client-share expects REGION=SHARE, got {item!r}")
+    return shares
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_REQUESTS_PER_RUN} requests per run, policies {', '.join(QUICK_POLICIES)}",
+        help=f"{QUICK_REQUESTS_PER_RUN} requests per run, one seed, policies {', '.join(QUICK_POLICIES)}",
     )
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     parser.add_argument(
-        "--policies", default=None, help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, PEER))}"
+        "--workloads",
+        default=",".join(DEFAULT_SCENARIOS),
+        help=f"comma-separated scenarios, of {', '.join(SCENARIOS)}",
     )
-    parser.add_argument("--requests", type=int, default=None, help="requests per run")
-    parser.add_argument("--seed", type=int, default=SEED, help="workload seed (the same for every policy)")
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, *PEERS))} (default: {', '.join(DEFAULT_POLICIES)})",
+    )
+    parser.add_argument(
+        "--topology", default=None, help="topology file for every scenario (simulator format)"
+    )
+    parser.add_argument(
+        "--client-share",
+        default=None,
+        metavar="REGION=SHARE,...",
+        help="client mix for every scenario (normalised; regions left out send nothing)",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=None, help=f"measured requests per run ({REQUESTS_PER_RUN})"
+    )
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="workload seeds, comma-separated")
     parser.add_argument(
         "--param",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="set a policy parameter where the policy has it, e.g. chars_per_token=4.8 (sensitivity runs)",
+        help="set a policy parameter where the policy has it, e.g. w_displacement=0.5 (sensitivity runs)",
     )
     parser.add_argument(
-        "--rate", type=float, default=None, help="arrival rate for every workload (exploration)"
+        "--rate", type=float, default=None, help="arrival rate for every scenario (exploration)"
     )
     parser.add_argument("--no-peer", action="store_true", help=f"skip {PEER} even if installed")
     parser.add_argument(
@@ -494,7 +719,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="output path without extension (default: benchmarks/results/routing_quality; var/routing_quality_quick with --quick)",
     )
     parser.add_argument(
-        "--raw", default=None, help="also write every request's result to DIR/<workload>-<policy>.jsonl"
+        "--raw",
+        default=None,
+        help="also write every request's result to DIR/<workload>-<policy>-<seed>.jsonl",
     )
     parser.add_argument(
         "--calibrate", action="store_true", help="measure the rates instead (least_load at --probe-rate)"
@@ -503,42 +730,88 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def describe_fleet(scenario: Scenario, topology: Topology, rate: float) -> dict[str, Any]:
+    """What actually ran: the markdown's fleet section."""
+    shares = scenario.client_shares or {r.slug: 1.0 for r in topology.regions}
+    shares = check_client_shares(tuple(r.slug for r in topology.regions), shares)
+    return {
+        "topology": str(scenario.topology_path.relative_to(ROOT))
+        if scenario.topology_path.is_relative_to(ROOT)
+        else str(scenario.topology_path),
+        "workload": scenario.workload,
+        "rate_rps": rate,
+        "regions": {
+            r.slug: {
+                "nodes": sum(1 for n in topology.nodes if n.region == r.slug),
+                "client_share": round(shares[r.slug], 3) if scenario.workload != "diurnal" else None,
+            }
+            for r in topology.regions
+        },
+        "rtt_ms": {
+            f"{a.slug}<->{b.slug}": topology.rtt_ms(a.slug, b.slug)
+            for i, a in enumerate(topology.regions)
+            for b in topology.regions[i + 1 :]
+        },
+        "prefill_tokens_per_s_per_node": round(PREFILL_TOKENS_PER_S, 1),
+        "kv_capacity_tokens": KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM as SystemExit, so the finally blocks stop the fleet, gateways and routers it started.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     redis.Redis.from_url(redis_url).ping()  # fail early with a clear error
-    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    unknown = sorted(set(workloads) - set(WORKLOADS))
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(names) - set(SCENARIOS))
     if unknown:
-        raise SystemExit(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+        raise SystemExit(f"unknown workload(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    try:
+        shares = parse_client_shares(args.client_share) if args.client_share else None
+        scenarios: list[tuple[Scenario, Topology]] = []
+        for name in names:
+            scenario = SCENARIOS[name]
+            if args.topology:
+                scenario = dataclasses.replace(
+                    scenario, topology_path=Path(args.topology).resolve(), client_shares=None
+                )
+            if shares is not None:
+                scenario = dataclasses.replace(scenario, client_shares=shares)
+            topology = load_topology(scenario.topology_path)
+            if scenario.client_shares:
+                check_client_shares(tuple(r.slug for r in topology.regions), scenario.client_shares)
+            scenarios.append((scenario, topology))
+        seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.calibrate:
-        for workload in workloads:
+        for scenario, topology in scenarios:
             print(
-                json.dumps(calibrate(workload, args.probe_rate, args.requests or 600, topology, redis_url)),
+                json.dumps(calibrate(scenario, args.probe_rate, args.requests or 600, topology, redis_url)),
                 flush=True,
-            )  # type: ignore[arg-type]
+            )
         return 0
 
     requests = args.requests or (QUICK_REQUESTS_PER_RUN if args.quick else REQUESTS_PER_RUN)
+    if args.quick:
+        seeds = seeds[:1]
     router = None if args.no_peer else find_peer()
     if args.policies:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     else:
-        policies = list(QUICK_POLICIES if args.quick else (*GORGO_POLICIES, PEER))
-    unknown = sorted(set(policies) - {*GORGO_POLICIES, PEER})
+        policies = list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
+    unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS})
     if unknown:
         raise SystemExit(f"unknown policy(ies) {unknown}")
     notes: list[str] = []
     param_overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
     if param_overrides:
         notes.append(f"policy parameters overridden: {param_overrides}")
-    if PEER in policies and router is None:
-        policies.remove(PEER)
+    if router is None and any(p in PEERS for p in policies):
+        policies = [p for p in policies if p not in PEERS]
         notes.append(
-            f"{PEER} skipped: not installed (`pip install vllm-router`)"
+            f"{PEER} skipped: not installed (`pip install -e '.[peers]'`)"
             if not args.no_peer
             else f"{PEER} skipped (--no-peer)"
         )
@@ -551,63 +824,68 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-rq-"))
     started_s = time.perf_counter()
-    runs: dict[str, dict[str, RunFigures]] = {}
+    runs: dict[str, dict[str, list[RunFigures]]] = {}
+    fleets: dict[str, dict[str, Any]] = {}
     failed = False
-    for workload in workloads:
-        rate = args.rate or RATE_RPS[workload]  # type: ignore[index]
-        for policy in policies:
-            print(f"{workload:>10} {policy:<16} {requests} requests at {rate:g}/s ...", end=" ", flush=True)
-            run_started_s = time.perf_counter()
-            try:
-                output = run_once(
-                    RunSpec(workload, policy, rate, requests, args.seed, param_overrides),
-                    topology,
-                    redis_url,
-                    workdir,
-                    router,
-                )  # type: ignore[arg-type]
-            except Exception as exc:  # a run that cannot start is reported; the others go on
-                failed = True
-                print(f"FAILED: {exc}", flush=True)
-                notes.append(f"{workload}/{policy} failed: {str(exc)[:300]}")
-                continue
-            figures = summarize_run(output, PREFILL_TOKENS_PER_S)
-            runs.setdefault(workload, {})[policy] = figures
-            if args.raw:
-                raw_dir = Path(args.raw)
-                raw_dir.mkdir(parents=True, exist_ok=True)
-                with (raw_dir / f"{workload}-{policy}.jsonl").open("wb") as raw:
-                    raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
-            print(
-                f"p50 {figures.ttft_p50_ms:.0f} p90 {figures.ttft_p90_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms,"
-                f" hit {figures.prefix_hit_rate:.0%}, cross {figures.cross_region_share:.0%},"
-                f" errors {figures.errors}, util {figures.prefill_utilization:.0%},"
-                f" send lag p99 {figures.send_lag_p99_ms:.0f} ms"
-                f" ({time.perf_counter() - run_started_s:.0f}s)",
-                flush=True,
-            )
+    for scenario, topology in scenarios:
+        rate = args.rate or scenario_rate(scenario, topology)
+        fleets[scenario.name] = describe_fleet(scenario, topology, rate)
+        for seed in seeds:
+            for policy in policies:
+                if (
+                    policy in OVERFLOW_ONLY_POLICIES
+                    and scenario.name not in OVERFLOW_SCENARIOS
+                    and not args.policies
+                ):
+                    continue
+                print(
+                    f"{scenario.name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
+                    end=" ",
+                    flush=True,
+                )
+                run_started_s = time.perf_counter()
+                try:
+                    output = run_once(
+                        RunSpec(scenario, policy, rate, requests, seed, param_overrides),
+                        topology,
+                        redis_url,
+                        workdir,
+                        router,
+                    )
+                except Exception as exc:  # a run that cannot start is reported; the others go on
+                    failed = True
+                    print(f"FAILED: {exc}", flush=True)
+                    notes.append(f"{scenario.name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
+                    continue
+                figures = summarize_run(output, PREFILL_TOKENS_PER_S)
+                runs.setdefault(scenario.name, {}).setdefault(policy, []).append(figures)
+                if args.raw:
+                    raw_dir = Path(args.raw)
+                    raw_dir.mkdir(parents=True, exist_ok=True)
+                    with (raw_dir / f"{scenario.name}-{policy}-{seed}.jsonl").open("wb") as raw:
+                        raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
+                print(
+                    f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
+                    f" (oracle p50 {figures.oracle_p50_ms or 0:.0f}), hit {figures.prefix_hit_rate:.0%},"
+                    f" cross {figures.cross_region_share:.0%}, errors {figures.errors},"
+                    f" util {figures.prefill_utilization:.0%}, send lag p99 {figures.send_lag_p99_ms:.0f} ms"
+                    f" ({time.perf_counter() - run_started_s:.0f}s)",
+                    flush=True,
+                )
     meta = {
-        "command": "python benchmarks/routing_quality.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/routing_quality.py" + (" " + " ".join(argv or sys.argv[1:])).rstrip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs",
         "duration_s": round(time.perf_counter() - started_s, 1),
         "requests_per_run": requests,
-        "seed": args.seed,
+        "seeds": seeds,
         "max_tokens": MAX_TOKENS,
-        "rates_rps": {w: args.rate or RATE_RPS[w] for w in workloads},  # type: ignore[index]
+        "rates_rps": {name: fleet["rate_rps"] for name, fleet in fleets.items()},
+        "fleets": fleets,
         "target_prefill_utilization": TARGET_PREFILL_UTILIZATION,
         "harness_max_rate_rps": HARNESS_MAX_RATE_RPS,
-        "fleet": {
-            "topology": str(DEFAULT_TOPOLOGY_PATH.relative_to(ROOT)),
-            "nodes": len(topology.nodes),
-            **{key: value for key, value in ENGINE_OVERRIDES.items()},
-            "kv_capacity_tokens": KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
-            "rtt_ms": {
-                f"{a.slug}<->{b.slug}": topology.rtt_ms(a.slug, b.slug)
-                for i, a in enumerate(topology.regions)
-                for b in topology.regions[i:]
-            },
-        },
+        "detection_s": DETECTION_S,
+        "engine": dict(ENGINE_OVERRIDES),
         "rtt_source": "RTTTable published to live_rtt from the topology (RTT + mean jitter)",
         "peer": {"name": PEER, "policy": "cache_aware", "path": router} if router else None,
         "notes": notes,

@@ -290,6 +290,10 @@ GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
+# Online tuning (docs/routing.md): a window lasts at least GORGO_TUNER_WINDOW_S and holds at least
+# GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test.
+GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)
+GORGO_TUNER_MIN_REQUESTS = envint("GORGO_TUNER_MIN_REQUESTS", 200, minimum=20)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.
 # A worker with GORGO_PROBE_REGIONS="*" consumes the probe queue of every region, including ones
 # added while it runs; "eu-central,us-east" names the regions it probes from. Empty: only the
@@ -322,6 +326,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "policies.reconcile",
         "schedule": GORGO_RECONCILE_INTERVAL_S,
         "options": {"expires": GORGO_RECONCILE_INTERVAL_S},
+    },
+    "policies-tune": {
+        "task": "policies.tune",
+        "schedule": GORGO_TUNER_WINDOW_S / 5,
+        "options": {"expires": GORGO_TUNER_WINDOW_S / 5},
     },
 }
 # --- end Telemetry ---

@@ -167,11 +167,17 @@ class SessionAffinityParams(msgspec.Struct, frozen=True, tag="session_affinity",
 
 
 class PrefixAffinityParams(msgspec.Struct, frozen=True, tag="prefix_affinity", forbid_unknown_fields=True):
-    """SGLang-router-style cache-aware routing. Defaults are SGLang's."""
+    """SGLang-router-style cache-aware routing. Defaults are SGLang's.
+
+    ``scope``: ``global`` routes over every eligible node; ``local`` over the gateway's own
+    region's nodes only, abroad only when none of them is eligible (the regional deployment
+    operators run today: geo-DNS to the nearest region, a cache-aware router per region).
+    """
 
     cache_threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.3
     balance_abs_threshold: Annotated[int, msgspec.Meta(ge=0)] = 64
     balance_rel_threshold: Annotated[float, msgspec.Meta(ge=1.0)] = 1.5
+    scope: Literal["global", "local"] = "global"
 
 
 class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_fields=True):
@@ -179,12 +185,15 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
 
     ``default_rtt_ms`` is used for a (region, node) pair with no measurement yet.
     ``chars_per_token`` converts prompt characters to estimated tokens.
+    ``w_displacement`` prices what a request sent to another region's node costs that region's
+    own clients (docs/routing.md, "Coordinated overflow"); 0 is greedy (each request for itself).
     """
 
     w_rtt: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     w_queue: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     default_rtt_ms: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 100.0
     chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
+    w_displacement: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
 
 
 # The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name, and
@@ -469,6 +478,8 @@ class CostTerms(msgspec.Struct, frozen=True):
     prefill_ms: float = 0.0
     matched_tokens: int = 0
     uncached_tokens: int = 0
+    # gorgo: the wait a forward to another region's node adds for that region's own clients
+    displacement_ms: float = 0.0
 
 
 class RequestRecord(msgspec.Struct, frozen=True):

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the nodes as one JSON line")
     parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="log each chat request's lower-bound TTFT (GET /oracle on the control API; benchmarks)",
+    )
+    parser.add_argument(
         "--control-port",
         type=int,
         default=None,
@@ -127,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TopologyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.oracle:
+        fleet.record_oracle()
     try:
         return run(_serve(fleet, as_json=args.json, control_port=args.control_port))
     except OSError as exc:  # typically a port already in use

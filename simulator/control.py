@@ -6,6 +6,8 @@ A real fleet loses nodes; operators (and the demo) need to see gorgo notice and 
     GET  /nodes                 every node: name, region, url, up
     POST /nodes/{name}/stop     crash the node: streams in flight are cut, its port closes
     POST /nodes/{name}/start    restart it on the same port with an empty KV cache
+    GET  /oracle                each chat request's lower-bound TTFT so far (``Fleet.record_oracle``;
+                                benchmarks): {"requests": {key: [client region, ms]}}
 
 and ``python -m simulator.control {list,stop,start} [NODE] [--url http://127.0.0.1:8199]`` calls it.
 The control port is not part of vLLM's interface; it only exists on emulated fleets.
@@ -48,10 +50,15 @@ async def _change(request: web.Request) -> web.Response:
     return web.json_response({"name": name, "up": node.running})
 
 
+async def _oracle(request: web.Request) -> web.Response:
+    return web.json_response({"requests": request.app[_FLEET_KEY].oracle_ms})
+
+
 def build_app(fleet: Fleet) -> web.Application:
     app = web.Application()
     app[_FLEET_KEY] = fleet
     app.router.add_get("/nodes", _list)
+    app.router.add_get("/oracle", _oracle)
     app.router.add_post("/nodes/{name}/{action:(stop|start)}", _change)
     return app
 

@@ -21,9 +21,12 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from simulator.kv_cache import hash_block
 from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
 from simulator.server import SimNode
 from simulator.topology import Topology, TopologyError
+
+MAX_ORACLE_RECORDS = 200_000  # bounded: a benchmark run sends a few thousand
 
 
 class Fleet:
@@ -80,6 +83,51 @@ class Fleet:
             self.nodes[spec.name] = SimNode(
                 dataclasses.replace(spec, engine=params, kv_events=events), topology, time_scale=time_scale
             )
+        # request key -> (client region, lower-bound TTFT ms), filled while ``record_oracle`` is on
+        self.oracle_ms: dict[str, tuple[str, float]] = {}
+
+    def record_oracle(self, on: bool = True) -> None:
+        """Log, for every chat request that arrives, the fastest first token the fleet could give.
+
+        Per request: over every running node, the RTT from the client's region (topology, no
+        jitter) + one engine step + the prefill of the tokens that node does NOT hold in its KV
+        cache right now, at its prefill speed; no queue. The minimum is the lower bound a router
+        with perfect knowledge could reach (benchmarks: ``GET /oracle`` on the control API).
+        """
+        for node in self.nodes.values():
+            node.oracle = self._oracle if on else None
+
+    def _oracle(self, arrived_at: SimNode, prompt_ids: list[int], region: str, key: str) -> None:
+        if len(self.oracle_ms) >= MAX_ORACLE_RECORDS:
+            return
+        region = region or arrived_at.region
+        best_ms = float("inf")
+        for node in self.nodes.values():
+            engine = node.engine
+            if engine is None or not engine.alive:
+                continue
+            params = node.params
+            block = params.block_size
+            full_blocks = (len(prompt_ids) - 1) // block  # vLLM computes at least the last token
+            # Each engine chains its block hashes from its own random root (as vLLM does), so
+            # the prefix is hashed per node, and only as far as that node holds it.
+            parent = getattr(engine, "hash_root", 0)
+            pool = engine.pool
+            cached_blocks = 0
+            for index in range(full_blocks):
+                parent = hash_block(parent, prompt_ids[index * block : (index + 1) * block])
+                if not pool.is_cached(parent):
+                    break
+                cached_blocks += 1
+            cached = cached_blocks * block
+            ms = (
+                self.topology.rtt_ms(region, node.region)
+                + params.decode_step_base_ms
+                + (len(prompt_ids) - cached) * 1000.0 / params.prefill_tokens_per_s
+            )
+            best_ms = min(best_ms, ms)
+        if best_ms < float("inf"):
+            self.oracle_ms[key] = (region, best_ms)
 
     @classmethod
     def start(cls, topology: Topology, **options: Any) -> Fleet:

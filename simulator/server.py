@@ -21,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from hashlib import blake2b
 from typing import Any
 
 from aiohttp import web
@@ -52,6 +53,10 @@ trace_log = logging.getLogger("simulator.trace")
 NODE_HEADER = "x-gorgo-sim-node"
 _OUT_DELAY_KEY = web.RequestKey("gorgo_out_delay_s", float)
 _STARTED_KEY = web.RequestKey("gorgo_started_s", float)
+_CLIENT_REGION_KEY = web.RequestKey("gorgo_client_region", str)
+# Called with (this node, prompt token ids, client region or "", request key) as each chat
+# request arrives: the fleet's lower-bound bookkeeping (``Fleet.oracle``), for benchmarks.
+OracleHook = Callable[["SimNode", list[int], str, str], None]
 # Headroom over vLLM's prompt limits; aiohttp's default (1 MiB) is too small for long chats.
 CLIENT_MAX_SIZE_BYTES = 64 * 1024 * 1024
 
@@ -76,6 +81,7 @@ class SimNode:
         self._port_regions: dict[int, str] = {}  # local port -> the client region it stands for
         self._bound_region_ports: dict[str, int] = {}  # kept across restarts, like bound_port
         self.wan = WANEmulator(topology, spec.name, spec.region, time_scale=time_scale)
+        self.oracle: OracleHook | None = None
         self.engine: Engine | None = None
         self.metrics: NodeMetrics | None = None
         # vLLM's KV-event publisher, when the node's kv_events_config enables it; kept across
@@ -188,6 +194,7 @@ class SimNode:
                 region = self._port_regions.get(sockname[1], region)
         inbound_s, outbound_s = self.wan.one_way_delays_s(region)
         request[_OUT_DELAY_KEY] = outbound_s
+        request[_CLIENT_REGION_KEY] = region or ""
         if inbound_s > 0:
             await asyncio.sleep(inbound_s)
         request[_STARTED_KEY] = asyncio.get_running_loop().time()
@@ -354,6 +361,8 @@ class SimNode:
             max_tokens = self._check_length(len(prompt_ids), requested)
             if engine is None or not engine.alive:
                 raise EngineDead
+            if self.oracle is not None and chat:
+                self.oracle(self, prompt_ids, request[_CLIENT_REGION_KEY], oracle_key(_chat_messages(parsed)))
             sim_request = engine.add_request(
                 f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 prompt_ids,
@@ -480,6 +489,17 @@ class SimNode:
                 return response
             await response.write(b"".join(parts))
             parts = []
+
+
+def oracle_key(messages: list[dict[str, str]]) -> str:
+    """Names a chat request without a header any router would have to pass on: the hash of its
+    first user message and the number of user messages (a conversation's turn)."""
+    users = [m.get("content", "") for m in messages if m.get("role") == "user"]
+    return oracle_key_of(users[0] if users else "", len(users))
+
+
+def oracle_key_of(first_user_text: str, user_messages: int) -> str:
+    return f"{blake2b(first_user_text.encode(), digest_size=8).hexdigest()}:{user_messages}"
 
 
 def _chat_messages(parsed: ChatCompletionRequest) -> list[dict[str, str]]:

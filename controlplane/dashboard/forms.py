@@ -29,6 +29,8 @@ PARAM_HELP: dict[str, dict[str, str]] = {
         "w_queue": "Weight of the node's estimated queueing delay. Raise it to spread load away from busy nodes.",
         "default_rtt_ms": "RTT assumed for a region-to-node pair that has not been measured yet (ms).",
         "chars_per_token": "Prompt characters per token, to estimate prompt tokens before the node tokenises.",
+        "w_displacement": "Weight of the wait a request sent abroad causes the receiving region's own "
+        "clients (coordinated overflow); 0 lets every request think only of itself.",
     },
     "prefix_affinity": {
         "cache_threshold": "Follow the longest cached prefix only when it covers at least this share of "
@@ -36,6 +38,8 @@ PARAM_HELP: dict[str, dict[str, str]] = {
         "balance_abs_threshold": "The fleet counts as imbalanced when the busiest node has this many more "
         "outstanding requests than the idlest ...",
         "balance_rel_threshold": "... and at least this many times as many. Then route by load, ignoring the cache.",
+        "scope": "global: every eligible node; local: the gateway's own region only, abroad only when "
+        "none of its nodes is eligible (a cache-aware router per region behind geo-DNS).",
     },
     "session_affinity": {
         "session_header": "Request header carrying the session key (else the OpenAI `user` field).",
@@ -48,6 +52,8 @@ PARAM_LABELS: dict[str, str] = {
     "w_queue": "Queue weight",
     "default_rtt_ms": "Default RTT (ms)",
     "chars_per_token": "Characters per token",
+    "w_displacement": "Displacement weight",
+    "scope": "Scope",
     "cache_threshold": "Cache-match threshold",
     "balance_abs_threshold": "Imbalance, absolute",
     "balance_rel_threshold": "Imbalance, relative",
@@ -200,13 +206,17 @@ class PolicyForm(forms.ModelForm):
 
     class Meta:
         model = RoutingPolicy
-        fields = ["name", "description", "algorithm", "model_scope", "residency", "max_rtt_ms"]
+        fields = ["name", "description", "algorithm", "model_scope", "residency", "max_rtt_ms", "auto_tune"]
         widgets = {
             "description": forms.Textarea(attrs={"rows": 2}),
             "model_scope": forms.CheckboxSelectMultiple,
             "max_rtt_ms": forms.NumberInput(attrs={"step": "any", "placeholder": "no limit"}),
         }
-        labels = {"max_rtt_ms": "Maximum RTT (ms)", "model_scope": "Model scope"}
+        labels = {
+            "max_rtt_ms": "Maximum RTT (ms)",
+            "model_scope": "Model scope",
+            "auto_tune": "Online tuning",
+        }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -95,6 +95,9 @@ class PolicyUpdateView(PolicyEditMixin, UpdateView):
     permission_required = "policies.change_routingpolicy"
 
 
+TUNING_WINDOWS_SHOWN = 30
+
+
 def policy_review(policy: RoutingPolicy) -> dict[str, Any]:
     """Compile the policy with the current fleet and compare it with what the gateways run."""
     live = publishing.live_version()
@@ -134,6 +137,9 @@ class PolicyDetailView(PolicyPageMixin, DetailView):
         context["changes"] = audit.recent_for(policy)
         context["can_publish"] = self.request.user.has_perm("policies.publish_routingpolicy")
         context["can_edit"] = self.request.user.has_perm("policies.change_routingpolicy")
+        context["tuning_windows"] = list(
+            policy.tuning_windows.select_related("version")[:TUNING_WINDOWS_SHOWN]
+        )
         return context
 
 

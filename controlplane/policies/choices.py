@@ -10,3 +10,12 @@ from routing.algorithms import REGISTRY
 AlgorithmChoices = models.TextChoices(
     "AlgorithmChoices", [(info.name.upper(), (info.name, info.label)) for info in REGISTRY.values()]
 )
+
+
+class TuningOutcomeChoices(models.TextChoices):
+    """What the online tuner decided at the end of a window (``policies.tuner``)."""
+
+    MEASURED = "measured", "Measured the incumbent, trying a step"
+    ACCEPTED = "accepted", "Accepted the step"
+    REJECTED = "rejected", "Reverted the step"
+    CONVERGED = "converged", "Converged"

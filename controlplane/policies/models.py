@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from controlplane.policies.choices import AlgorithmChoices
+from controlplane.policies.choices import AlgorithmChoices, TuningOutcomeChoices
 from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, params_errors
 
 
@@ -41,6 +41,10 @@ class RoutingPolicy(models.Model):
     max_rtt_ms = models.FloatField(
         null=True, blank=True, help_text="Never route to a node further than this round trip (ms)."
     )
+    auto_tune = models.BooleanField(
+        default=False,
+        help_text="Let the online tuner move w_rtt and w_queue (gorgo only) while this policy is active.",
+    )
     is_active = models.BooleanField(default=False, editable=False)
     created = models.DateTimeField(auto_now_add=True)
     last_updated = models.DateTimeField(auto_now=True)
@@ -74,6 +78,8 @@ class RoutingPolicy(models.Model):
                     )
                     for name, problem in problems.items()
                 ]
+        if self.auto_tune and self.algorithm != "gorgo":
+            errors["auto_tune"] = "Online tuning moves gorgo's weights; choose the gorgo algorithm."
         if self.max_rtt_ms is not None and not (0 < self.max_rtt_ms <= 10_000):
             errors["max_rtt_ms"] = "Maximum RTT must be between 0 and 10000 ms."
         residency_error = _residency_error(self.residency)
@@ -140,3 +146,39 @@ class PolicyVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy.name} v{self.number}"
+
+
+class TuningWindow(models.Model):
+    """One window of the online tuner (GORGO v2) on a policy: the weights that were live, the p95
+    TTFT their requests saw, what the tuner decided, and the version it published (if any).
+
+    ``state`` is the tuner's state after the decision (``policies.tuner.TunerState``); the newest
+    window of a policy is where the next one starts.
+    """
+
+    policy = models.ForeignKey(RoutingPolicy, on_delete=models.CASCADE, related_name="tuning_windows")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField()
+    w_rtt = models.FloatField()
+    w_queue = models.FloatField()
+    p95_ms = models.FloatField()
+    requests = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=16, choices=TuningOutcomeChoices.choices)
+    sigma = models.FloatField(help_text="The step size after the decision (log units).")
+    note = models.CharField(max_length=500)
+    version = models.ForeignKey(
+        PolicyVersion,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="tuning_windows",
+        help_text="The version published after this window (none when the weights stayed).",
+    )
+    state = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-ended_at"]
+        indexes = [models.Index(fields=["policy", "ended_at"], name="policies_tuning_policy_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.policy_id} {self.ended_at:%H:%M:%S} {self.outcome}"

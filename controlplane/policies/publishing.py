@@ -163,10 +163,12 @@ def publish(
     note: str = "",
     rolled_back_from: PolicyVersion | None = None,
     spec: PolicySpec | None = None,
+    system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     """Compile and publish ``policy``; make it the active one.
 
     ``spec`` publishes those settings of the policy instead of its database row (``republish_live``).
+    ``system_author`` names the version's author when no user publishes (the online tuner).
     Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
     Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
     cases nothing changes.
@@ -174,7 +176,12 @@ def publish(
     for _attempt in range(3):
         try:
             return _publish_once(
-                policy, author=author, note=note, rolled_back_from=rolled_back_from, spec=spec
+                policy,
+                author=author,
+                note=note,
+                rolled_back_from=rolled_back_from,
+                spec=spec,
+                system_author=system_author,
             )
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
@@ -190,6 +197,7 @@ def _publish_once(
     note: str,
     rolled_back_from: PolicyVersion | None,
     spec: PolicySpec | None,
+    system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     with transaction.atomic():
         content = compile_policy(policy) if spec is None else compile_spec(spec)
@@ -209,7 +217,7 @@ def _publish_once(
             snapshot=contract.encode(snapshot).decode(),
             author=author if author is not None and author.is_authenticated else None,
             author_name=(
-                author.get_username() if author is not None and author.is_authenticated else SYSTEM_AUTHOR
+                author.get_username() if author is not None and author.is_authenticated else system_author
             ),
             note=note[:500],
             rolled_back_from=rolled_back_from,

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import kombu.exceptions
 import redis
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
 from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
+from controlplane.policies import tuning
+from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, republish_active, republish_live
 
 log = logging.getLogger(__name__)
 
 RECONCILE_LIMITS_S = (20, 30)
+TUNE_LIMITS_S = (30, 45)  # a window's read is bounded (tuning.MAX_WINDOW_RECORDS)
 
 
 @shared_task(
@@ -138,3 +143,32 @@ def republish_fleet_changes() -> int | None:
         return None
     log.info("published %d fleet change(s) as version %d", len(reasons), result.version.number)
     return result.version.number
+
+
+@shared_task(
+    name="policies.tune",
+    soft_time_limit=TUNE_LIMITS_S[0],
+    time_limit=TUNE_LIMITS_S[1],
+    ignore_result=True,
+)
+def tune() -> str | None:
+    """One tick of the online tuner (GORGO v2) on the active policy, when it has ``auto_tune`` on.
+
+    Returns the closed window's outcome, or None when no window closed (too early, too few
+    requests, tuning off, another run holds the lock, Redis unreachable).
+    """
+    try:
+        with task_lock(redis_client(), redis_keys(), "policies-tune", TUNE_LIMITS_S[1]) as acquired:
+            if not acquired:
+                return None
+            policy = RoutingPolicy.objects.filter(is_active=True, auto_tune=True, algorithm="gorgo").first()
+            if policy is None:
+                return None
+            window = tuning.tune_policy(policy, time.time())
+    except (PublishError, redis.RedisError) as exc:
+        log.warning("tune: Redis unreachable, trying again next round: %s", exc)
+        return None
+    except SoftTimeLimitExceeded:
+        log.warning("tune ran out of time; the window is decided next run")
+        return None
+    return window.outcome if window is not None else None

@@ -2,7 +2,7 @@
 
 For every candidate node n (docs/routing.md has the derivation and the defaults)::
 
-    ttft_ms(n) = w_rtt * rtt_ms(n) + w_queue * queue_ms(n) + prefill_ms(n)
+    ttft_ms(n) = w_rtt * rtt_ms(n) + w_queue * queue_ms(n) + prefill_ms(n) + displacement_ms(n)
     prefill_ms(n) = uncached_tokens(n) / prefill_tokens_per_s(n) * 1000
     uncached_tokens(n) = prompt_tokens_est - matched_tokens(n)
     queue_ms(n) = (outstanding_prefill_tokens(n) * (1 + s(n)) + uncached_tokens(n) * s(n))
@@ -18,6 +18,13 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
   Every running sequence takes a slice of each engine step, so prefill runs slower on a busy node;
   ``s`` models that as a proportional slowdown, charged to the queue term.
 - ``matched_tokens``: what the prefix index believes n holds of this prompt.
+- ``displacement_ms`` (coordinated overflow; ``w_displacement = 0`` is greedy): 0 for the
+  gateway's own region; for a node in another region, the wait this request adds for that
+  region's own requests arriving while it holds the node: their rate (Little's law: the requests
+  outstanding there over ``RESIDENCE_MS``) times its time there (queue + prefill) times what each
+  waits (half its prefill, or all of it when it joins a queue). An imported request is usually a
+  cache miss there (another region's prompts), so its prefill is long and the receiving region's
+  cheap cache hits queue behind it; docs/routing.md has the measurements.
 
 The cheapest node wins. Costs within ``TIE_BAND_REL`` (+``TIE_BAND_MS``) of the cheapest are
 ties (the estimate is not more precise than that). Between two tied nodes the lower load wins
@@ -30,9 +37,12 @@ Guards (each with a test that fails without it; docs/routing.md explains the mec
   while some node has room (past that, vLLM queues requests behind whole decodes, a wait this cost
   model does not see).
 - hot prefix (vLLM production-stack #957): a node carrying more than ``HOT_LOAD_FACTOR`` times
-  the mean outstanding requests of the other candidates (+``HOT_LOAD_SLACK_REQUESTS``) gets no
-  cache credit, so a hot prefix spills to, and gets cached on, another node instead of pinning
-  all its traffic to one (consistent hashing with bounded loads, applied to cache affinity).
+  the mean outstanding requests of the other candidates *in its region*
+  (+``HOT_LOAD_SLACK_REQUESTS``) gets no cache credit, so a hot prefix spills to, and gets cached
+  on, another node instead of pinning all its traffic to one (consistent hashing with bounded
+  loads, applied to cache affinity). Only its own region counts: replicating a prefix next door
+  costs a millisecond, while a region that is simply busier than the others (more clients, fewer
+  nodes) is not a hot prefix, and its spill abroad is the RTT and queue terms' decision.
 - miss snowball (SGLang "death spiral"): misses are placed by RTT and queue, never by cache size;
   the returned ``uncached_tokens`` is what the gateway should count as the request's outstanding
   prefill; and the prefix index scales a node's credit by how many of its predicted hits were real
@@ -60,6 +70,9 @@ HOT_LOAD_FACTOR = 2.0
 HOT_LOAD_SLACK_REQUESTS = 4
 TIE_BAND_REL = 0.05
 TIE_BAND_MS = 2.0
+# How long a request stays on a node (prefill, then decoding ~128 tokens at ~7 ms a step): turns
+# the requests outstanding there into their arrival rate (Little's law) for the displacement term.
+RESIDENCE_MS = 1000.0
 
 _DEFAULT_PARAMS = GorgoParams()
 _NO_LOAD = NodeLoad()
@@ -87,6 +100,8 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
     params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
     w_rtt = params.w_rtt
     w_queue = params.w_queue
+    w_displacement = params.w_displacement
+    home = view.region
     default_rtt_ms = params.default_rtt_ms
     prompt_tokens = max(0, request.prompt_tokens_est)
     candidates = view.candidates
@@ -96,12 +111,14 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
     matched_map = view.matched_tokens
     matched_of = matched_map.get
 
-    others = len(candidates) - 1
-    total_requests = -1
-    if guards.hot_prefix and matched_map and others > 0:
-        total_requests = 0
+    # Per region: (outstanding requests, candidates), for the hot-prefix guard.
+    region_load: dict[str, list[int]] | None = None
+    if guards.hot_prefix and matched_map and len(candidates) > 1:
+        region_load = {}
         for node in candidates:
-            total_requests += load_of(node.id, _NO_LOAD).outstanding_requests
+            entry = region_load.setdefault(node.region, [0, 0])
+            entry[0] += load_of(node.id, _NO_LOAD).outstanding_requests
+            entry[1] += 1
 
     rows: list[_Row] = []
     has_room = False
@@ -129,12 +146,15 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
         if matched:
             if matched > prompt_tokens:
                 matched = prompt_tokens
-            if (
-                total_requests >= 0
-                and requests
-                > HOT_LOAD_FACTOR * (total_requests - requests) / others + HOT_LOAD_SLACK_REQUESTS
-            ):
-                matched = 0  # too hot to be credited for its cache: let the prefix spread
+            if region_load is not None:
+                region_requests, region_nodes = region_load[node.region]
+                if (
+                    region_nodes > 1
+                    and requests
+                    > HOT_LOAD_FACTOR * (region_requests - requests) / (region_nodes - 1)
+                    + HOT_LOAD_SLACK_REQUESTS
+                ):
+                    matched = 0  # too hot to be credited for its cache: let the prefix spread
         uncached = prompt_tokens - matched
 
         rate = node.prefill_tokens_per_s
@@ -144,9 +164,21 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
+        displacement_ms = 0.0
+        if w_displacement and node.region != home and requests:
+            # The region's own requests that arrive while this one holds the node (Little: the
+            # requests there now over how long one stays), each waiting for half its prefill or
+            # for all of it when it joins a queue.
+            arrivals_per_ms = requests / RESIDENCE_MS
+            displacement_ms = (
+                w_displacement
+                * arrivals_per_ms
+                * (queue_ms + prefill_ms)
+                * min(prefill_ms, queue_ms + prefill_ms / 2)
+            )
         rows.append(
             (
-                w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms,
+                w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + displacement_ms,
                 requests,
                 prefill_tokens,
                 full,
@@ -156,6 +188,7 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
                 prefill_ms,
                 matched,
                 uncached,
+                displacement_ms,
             )
         )
 
@@ -174,12 +207,12 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
 
 # One candidate's valuation. A plain tuple: building 64 of them per decision is the hot loop, and
 # a tuple costs a fraction of a class instance.
-_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int]
+_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int, float]
 _TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE = 0, 1, 2, 3, 4
 
 
 def _terms(row: _Row) -> CostTerms:
-    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached = row
+    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_ms = row
     return CostTerms(
         node_id=node.id,
         total_ms=total_ms,
@@ -188,6 +221,7 @@ def _terms(row: _Row) -> CostTerms:
         prefill_ms=prefill_ms,
         matched_tokens=matched,
         uncached_tokens=uncached,
+        displacement_ms=displacement_ms,
     )
 
 

@@ -15,9 +15,15 @@ least-loaded node, as the issue's definition of this policy says. Matches come f
 ``ApproxPrefixIndex`` (chunks of ``CHUNK_BYTES`` bytes) instead of SGLang's character radix tree,
 so the match length is rounded down to a chunk. The tree insert SGLang does inside
 ``select_worker`` is the gateway's ``PrefixIndex.insert`` after the decision.
+
+``scope = "local"`` (the regional baseline): the candidates are cut to the gateway's region before
+all of the above, and only when that region has no eligible node do the others count (failover
+abroad), as a cache-aware router per region behind geo-DNS behaves.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
@@ -30,6 +36,10 @@ _NO_LOAD = NodeLoad()
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     """Least load when imbalanced; else the longest prefix match above the threshold; else least load."""
     params = view.params if isinstance(view.params, PrefixAffinityParams) else _DEFAULT_PARAMS
+    if params.scope == "local":
+        local = tuple(node for node in view.candidates if node.region == view.region)
+        if local and len(local) < len(view.candidates):
+            view = dataclasses.replace(view, candidates=local)
     load_of = view.load.get
     loads = [load_of(node.id, _NO_LOAD).outstanding_requests for node in view.candidates]
     max_load = max(loads)

@@ -118,13 +118,16 @@ async def run_plan(
 ) -> list[RequestResult]:
     """Send every arrival of ``plan`` to ``targets[arrival.client_region]`` and return the results.
 
+    ``targets`` is read at each send: changing it while the plan runs repoints a region's clients.
+
     Bounded in time: arrivals stop at the plan's duration (or when ``stop`` is set); requests
     still running ``drain_timeout_s`` later are cancelled and reported with an error.
     """
     missing = sorted({a.client_region for a in plan.arrivals} - set(targets))
     if missing:
         raise ValueError(f"no target URL for client region(s) {missing}")
-    bases = {region: normalize_target(url) for region, url in targets.items()}
+    # Read at each send, so a caller may repoint a region while the plan runs (DNS failover).
+    bases = targets
     results: list[RequestResult] = []
 
     def record(result: RequestResult) -> None:
@@ -181,7 +184,7 @@ async def run_plan(
 class _Sender:
     session: aiohttp.ClientSession
     plan: WorkloadPlan
-    bases: dict[str, str]
+    bases: Mapping[str, str]
     model: str
     stream: bool
     region_header: bool
@@ -196,7 +199,7 @@ class _Sender:
         state = self.conversations.setdefault(arrival.conversation_id, _ConversationState())
         previous = state.last_turn_done
         done = state.last_turn_done = asyncio.Event()
-        base = self.bases[arrival.client_region]
+        base = normalize_target(self.bases[arrival.client_region])
         result = RequestResult(
             index=arrival.index,
             client_region=arrival.client_region,

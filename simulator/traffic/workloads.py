@@ -8,6 +8,16 @@ A ``WorkloadPlan`` is a list of ``Arrival``s (Poisson arrivals at ``rate_rps``, 
   prefixes mostly with itself; conversations grow turn by turn (1-6 turns, >= 2 s apart).
 - ``no-share``: single requests with unique 1k-3k-token prompts (nothing to reuse).
 - ``hot-prefix``: one 4k-token system prompt shared by 95 % of single-turn requests.
+- ``diurnal``: unique 1k-3k-token prompts (as ``no-share``) whose peak moves from region to
+  region: the run is cut into one phase per region, and in phase *k* region *k* sends
+  ``DIURNAL_PEAK_SHARE`` of the requests while the others share the rest (sized by the caller so
+  the peak region runs at 2-3x its capacity while the others idle).
+- ``region-outage``: ``geo-chat`` traffic, with ``WorkloadPlan.outages``: the first region's nodes
+  die at ``OUTAGE_START_SHARE`` of the run and come back at ``OUTAGE_END_SHARE``; whoever runs the
+  plan applies them (the benchmark through the simulator's fault API).
+
+Client regions are drawn evenly unless ``client_shares`` weighs them (region -> share; the shares
+are normalised, regions left out send nothing).
 
 Prompts are sized with the simulator's tokenizer (``simulator.text`` pieces are one token each).
 The assistant turns of a conversation are not in the plan: the runner sends the answers it got.
@@ -22,8 +32,8 @@ from typing import Literal
 from simulator.text import text_of_tokens
 from simulator.tokenizer import count_tokens
 
-Workload = Literal["geo-chat", "no-share", "hot-prefix"]
-WORKLOADS: tuple[Workload, ...] = ("geo-chat", "no-share", "hot-prefix")
+Workload = Literal["geo-chat", "no-share", "hot-prefix", "diurnal", "region-outage"]
+WORKLOADS: tuple[Workload, ...] = ("geo-chat", "no-share", "hot-prefix", "diurnal", "region-outage")
 
 GEO_CHAT_SYSTEM_PROMPT_TOKENS = (2048, 3072, 4096, 5120, 6144, 8000)
 GEO_CHAT_PREFERRED_SHARE = 0.8
@@ -33,6 +43,9 @@ GEO_CHAT_THINK_MIN_S = 2.0
 GEO_CHAT_IDLE_CLOSE_S = 300.0  # a conversation silent this long is over
 HOT_PREFIX_SYSTEM_PROMPT_TOKENS = 4096
 HOT_PREFIX_SHARE = 0.95
+DIURNAL_PEAK_SHARE = 0.8
+OUTAGE_START_SHARE = 0.3
+OUTAGE_END_SHARE = 0.6
 _TOPICS = (
     "travel booking",
     "cloud billing",
@@ -61,6 +74,15 @@ class Arrival:
 
 
 @dataclass(frozen=True, slots=True)
+class Outage:
+    """Every node of ``region`` is down from ``start_s`` to ``end_s`` (offsets from the start)."""
+
+    region: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadPlan:
     """A complete, deterministic workload."""
 
@@ -71,6 +93,40 @@ class WorkloadPlan:
     regions: tuple[str, ...]
     system_prompts: tuple[str, ...]
     arrivals: tuple[Arrival, ...]
+    outages: tuple[Outage, ...] = ()
+
+
+class _RegionPicker:
+    """Draws client regions: evenly, by fixed shares, or (diurnal) by phase."""
+
+    def __init__(
+        self, regions: tuple[str, ...], shares: dict[str, float] | None, phases_until_s: float | None
+    ) -> None:
+        self.regions = regions
+        self.weights = [shares.get(r, 0.0) for r in regions] if shares else None
+        self.phase_s = phases_until_s / len(regions) if phases_until_s else None
+
+    def pick(self, rng: random.Random, at_s: float) -> int:
+        count = len(self.regions)
+        if self.phase_s is not None:
+            peak = min(count - 1, int(at_s / self.phase_s))
+            if count == 1 or rng.random() < DIURNAL_PEAK_SHARE:
+                return peak
+            return (peak + 1 + rng.randrange(count - 1)) % count
+        if self.weights is None:
+            return rng.randrange(count)
+        return rng.choices(range(count), weights=self.weights)[0]
+
+
+def check_client_shares(regions: tuple[str, ...], shares: dict[str, float]) -> dict[str, float]:
+    """Normalised shares; a ``ValueError`` naming the problem otherwise."""
+    unknown = sorted(set(shares) - set(regions))
+    if unknown:
+        raise ValueError(f"client shares for unknown region(s) {unknown}; regions: {', '.join(regions)}")
+    if any(value < 0 for value in shares.values()) or sum(shares.values()) <= 0:
+        raise ValueError("client shares must be non-negative and add up to more than 0")
+    total = sum(shares.values())
+    return {region: shares.get(region, 0.0) / total for region in regions}
 
 
 @dataclass(slots=True)
@@ -92,8 +148,9 @@ def build_plan(
     max_requests: int,
     seed: int,
     max_tokens: int = 128,
+    client_shares: dict[str, float] | None = None,
 ) -> WorkloadPlan:
-    """Poisson arrivals at ``rate_rps`` from clients spread evenly over ``regions``."""
+    """Poisson arrivals at ``rate_rps`` from clients spread over ``regions`` (evenly by default)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
     if not regions:
@@ -101,6 +158,7 @@ def build_plan(
     if rate_rps <= 0 or duration_s <= 0 or max_requests < 0 or max_tokens < 1:
         raise ValueError("rate, duration and max_tokens must be positive, max_requests non-negative")
     regions = tuple(regions)
+    shares = check_client_shares(regions, client_shares) if client_shares else None
     rng = random.Random(f"arrivals:{workload}:{seed}")
     times: list[float] = []
     at_s = rng.expovariate(rate_rps)
@@ -108,17 +166,23 @@ def build_plan(
         times.append(at_s)
         at_s += rng.expovariate(rate_rps)
 
-    if workload == "geo-chat":
+    # diurnal: the phases span the arrivals actually planned (a count may end the plan early)
+    span_s = (times[-1] + 1e-9) if times else duration_s
+    picker = _RegionPicker(regions, shares, span_s if workload == "diurnal" else None)
+    outages: tuple[Outage, ...] = ()
+    if workload in ("geo-chat", "region-outage"):
         system_prompts = tuple(
             _system_prompt(i, tokens, seed) for i, tokens in enumerate(GEO_CHAT_SYSTEM_PROMPT_TOKENS)
         )
-        arrivals = _geo_chat(times, regions, rng, len(system_prompts), max_tokens)
+        arrivals = _geo_chat(times, regions, rng, len(system_prompts), max_tokens, picker)
+        if workload == "region-outage":
+            outages = (Outage(regions[0], span_s * OUTAGE_START_SHARE, span_s * OUTAGE_END_SHARE),)
     elif workload == "hot-prefix":
         system_prompts = (_system_prompt(0, HOT_PREFIX_SYSTEM_PROMPT_TOKENS, seed),)
-        arrivals = _single_turn(times, regions, rng, max_tokens, hot=True)
+        arrivals = _single_turn(times, regions, rng, max_tokens, picker, hot=True)
     else:
         system_prompts = ()
-        arrivals = _single_turn(times, regions, rng, max_tokens, hot=False)
+        arrivals = _single_turn(times, regions, rng, max_tokens, picker, hot=False)
     return WorkloadPlan(
         workload=workload,
         seed=seed,
@@ -127,6 +191,7 @@ def build_plan(
         regions=regions,
         system_prompts=system_prompts,
         arrivals=tuple(arrivals),
+        outages=outages,
     )
 
 
@@ -141,13 +206,18 @@ def _system_prompt(index: int, num_tokens: int, seed: int) -> str:
 
 
 def _geo_chat(
-    times: list[float], regions: tuple[str, ...], rng: random.Random, num_prompts: int, max_tokens: int
+    times: list[float],
+    regions: tuple[str, ...],
+    rng: random.Random,
+    num_prompts: int,
+    max_tokens: int,
+    picker: _RegionPicker,
 ) -> list[Arrival]:
     open_conversations: dict[str, list[_Conversation]] = {region: [] for region in regions}
     arrivals: list[Arrival] = []
     started = 0
     for index, at_s in enumerate(times):
-        region_index = rng.randrange(len(regions))
+        region_index = picker.pick(rng, at_s)
         region = regions[region_index]
         pool = open_conversations[region]
         pool[:] = [c for c in pool if at_s - c.last_at_s < GEO_CHAT_IDLE_CLOSE_S]
@@ -191,11 +261,17 @@ def _geo_chat(
 
 
 def _single_turn(
-    times: list[float], regions: tuple[str, ...], rng: random.Random, max_tokens: int, *, hot: bool
+    times: list[float],
+    regions: tuple[str, ...],
+    rng: random.Random,
+    max_tokens: int,
+    picker: _RegionPicker,
+    *,
+    hot: bool,
 ) -> list[Arrival]:
     arrivals: list[Arrival] = []
     for index, at_s in enumerate(times):
-        region = regions[rng.randrange(len(regions))]
+        region = regions[picker.pick(rng, at_s)]
         if hot:
             shared = rng.random() < HOT_PREFIX_SHARE
             # The index up front makes even the first KV block of an unshared prompt unique.

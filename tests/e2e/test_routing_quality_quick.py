@@ -30,11 +30,14 @@ FIGURES = (
 
 
 def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_url: str) -> None:
+    """Any topology file and client mix: the fleet that ran is the one the report describes."""
     out = tmp_path / "rq"
+    shares = "ap-northeast=0.4,us-west=0.2,eu-west=0.2,sa-east=0.2"
     result = subprocess.run(
         [
             *(sys.executable, "benchmarks/routing_quality.py", "--quick", "--workloads", "geo-chat"),
-            *("--policies", "least_load,gorgo", "--out", str(out)),
+            *("--policies", "prefix_affinity@local,gorgo", "--out", str(out)),
+            *("--topology", "simulator/topologies/four-region-short.toml", "--client-share", shares),
         ],
         cwd=ROOT,
         env={**os.environ, "REDIS_URL": redis_url},
@@ -44,27 +47,64 @@ def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_ur
     )
     assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads(out.with_suffix(".json").read_text())
-    policies = document["workloads"]["geo-chat"]["policies"]
-    assert set(policies) == {"least_load", "gorgo"}
-    for name, figures in policies.items():
+    workload = document["workloads"]["geo-chat"]
+    fleet = workload["fleet"]
+    assert fleet["topology"] == "simulator/topologies/four-region-short.toml"
+    assert {r: (v["nodes"], v["client_share"]) for r, v in fleet["regions"].items()} == {
+        "us-west": (2, 0.2),
+        "eu-west": (2, 0.2),
+        "ap-northeast": (1, 0.4),
+        "sa-east": (2, 0.2),
+    }
+    assert workload["rate_rps"] == 49.0  # 7 requests/s per node
+    policies = workload["policies"]
+    assert set(policies) == {"prefix_affinity@local", "gorgo"}
+    for name, seeds in policies.items():
+        (figures,) = seeds  # --quick: one seed
         for key in FIGURES:
             assert isinstance(figures[key], int | float), (name, key)
         assert figures["requests"] == 150 and figures["errors"] == 0
         assert 0 < figures["ttft_p50_ms"] <= figures["ttft_p90_ms"] <= figures["ttft_p99_ms"]
         assert 0 <= figures["prefix_hit_rate"] <= 1 and 0 <= figures["cross_region_share"] <= 1
-        assert set(figures["by_region"]) == {"us-east", "eu-central", "ap-south"}
+        assert set(figures["by_region"]) == set(fleet["regions"])
         assert sum(region["requests"] for region in figures["by_region"].values()) == 150
+        # The oracle bound: at least the intra-region RTT, never more than what was measured.
+        assert 1.5 <= figures["oracle_p50_ms"] <= figures["ttft_p50_ms"]
         gateway = figures["gateway"]
         # Every request of the run (warm-up included) was logged, none as a client disconnect.
         assert gateway["records"] == figures["requests"] + figures["warmup_requests"]
         assert gateway["status_499"] == 0
-    # Through real gateway processes the gorgo records carry the index's matches.
-    assert policies["gorgo"]["gateway"]["records_with_matched_tokens"] > 0
-    assert policies["least_load"]["gateway"]["records_with_matched_tokens"] == 0
+    # The regional baseline never leaves the client's region while it has a healthy node.
+    assert policies["prefix_affinity@local"][0]["cross_region_share"] == 0
     assert {target["target"] for target in document["targets"]} == {
-        "p50 <= 0.8x the best other",
-        "p99 <= 0.9x the best other",
+        "p50 <= 1.05x the regional baseline",
+        "p99 <= 1.05x the regional baseline",
+        "p50 vs the oracle bound (<= 1.5x on geo-chat)",
     }
     markdown = out.with_suffix(".md").read_text()
     assert "## geo-chat" in markdown and "| **gorgo** |" in markdown
+    assert "ap-northeast 1 node / 40% of clients" in markdown and "Displacement" in markdown
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--client-share", "ap-south"), "--client-share expects REGION=SHARE, got 'ap-south'"),
+        (("--client-share", "mars=1"), "client shares for unknown region(s) ['mars']"),
+        (("--topology", "no/such/file.toml"), "no/such/file.toml"),
+    ],
+)
+def test_it_refuses_a_bad_fleet_description_before_starting_anything(
+    flags: tuple[str, str], message: str, redis_url: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/routing_quality.py", "--quick", "--workloads", "geo-chat", *flags],
+        cwd=ROOT,
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr

@@ -105,3 +105,36 @@ def test_it_skips_full_nodes_while_another_has_room() -> None:
     # Everyone full: still route (to the cheapest) rather than refuse.
     all_full = {1: NodeLoad(8, 0), 2: NodeLoad(8, 0)}
     assert gorgo.choose(view((cached, other), load=all_full, **fields), request(8_000)).node.id == 1
+
+
+def test_displacement_is_charged_only_abroad_and_greedy_leaves_it_out() -> None:
+    home = node(1, prefill_tokens_per_s=10_000.0)
+    abroad = node(2, region="eu-central", prefill_tokens_per_s=10_000.0)
+    load = {1: NodeLoad(5, 1_000), 2: NodeLoad(5, 1_000)}
+    rtt = {1: 1.0, 2: 1.0}
+    assert GorgoParams().w_displacement == 1.0
+    greedy = gorgo.choose(
+        view((home, abroad), GorgoParams(w_displacement=0.0), load=load, rtt_ms=rtt), request(2_000)
+    )
+    assert greedy.cost is not None and greedy.runner_up is not None
+    assert greedy.cost.displacement_ms == greedy.runner_up.displacement_ms == 0.0
+
+    priced = gorgo.choose(view((home, abroad), load=load, rtt_ms=rtt), request(2_000))
+    assert priced.node.id == 1 and priced.cost is not None and priced.runner_up is not None
+    assert priced.cost.displacement_ms == 0.0
+    # abroad: 5 requests there / 1,000 ms residence * (100 queue + 200 prefill) ms * min(200, 100 + 100)
+    assert priced.runner_up.displacement_ms == pytest.approx(5 / 1000 * 300 * 200, rel=0.01)
+
+
+def test_displacement_sends_overflow_to_an_idle_region_before_a_busy_neighbour() -> None:
+    home = node(1, prefill_tokens_per_s=10_000.0)
+    neighbour = node(2, region="eu-central", prefill_tokens_per_s=10_000.0)
+    far = node(3, region="ap-south", prefill_tokens_per_s=10_000.0)
+    load = {1: NodeLoad(40, 20_000), 2: NodeLoad(30, 500), 3: NodeLoad(0, 0)}
+    rtt = {1: 1.0, 2: 90.0, 3: 200.0}
+    greedy = gorgo.choose(
+        view((home, neighbour, far), GorgoParams(w_displacement=0.0), load=load, rtt_ms=rtt), request(2_000)
+    )
+    assert greedy.node.id == 2  # the nearest neighbour, whose own clients then wait behind it
+    priced = gorgo.choose(view((home, neighbour, far), load=load, rtt_ms=rtt), request(2_000))
+    assert priced.node.id == 3

@@ -186,3 +186,51 @@ def test_it_keeps_gateways_sharing_a_stale_view_from_herding() -> None:
     guarded = mean_imbalance(gorgo.ALL_GUARDS)
     herded = mean_imbalance(gorgo.Guards(spread_ties=False))
     assert guarded < 0.6 * herded
+
+
+def region_view(loads: dict[int, NodeLoad], region: str, matched: dict[int, int]) -> RoutingView:
+    """Five nodes: a short region (one node), a neighbour (two) and a far region (two)."""
+    nodes = (
+        make_node(1, region="ap-northeast"),
+        make_node(2, region="us-west"),
+        make_node(3, region="us-west"),
+        make_node(4, region="eu-west"),
+        make_node(5, region="eu-west"),
+    )
+    rtt_from = {
+        "ap-northeast": {"ap-northeast": 1.5, "us-west": 100.0, "eu-west": 210.0},
+        "us-west": {"ap-northeast": 100.0, "us-west": 1.5, "eu-west": 130.0},
+    }[region]
+    return RoutingView(
+        region=region,
+        candidates=nodes,
+        params=GorgoParams(),
+        load=loads,
+        rtt_ms={n.id: rtt_from[n.region] for n in nodes},
+        matched_tokens=matched,
+    )
+
+
+def test_a_busy_region_is_not_a_hot_prefix_its_clients_keep_their_cache_at_home() -> None:
+    """Issue 13: on a four-region fleet the short region's overflow filled its neighbour's nodes;
+    the hot-prefix guard, comparing them with the idle far regions, then took their cache credit
+    away, and the neighbour's own clients left home (35 % to the overloaded region)."""
+    loads = {
+        1: NodeLoad(6, 1_000),
+        2: NodeLoad(20, 2_000),  # the neighbour: its own clients plus the overflow
+        3: NodeLoad(20, 2_000),
+        4: NodeLoad(0, 0),
+        5: NodeLoad(0, 0),
+    }
+    request = RoutingRequest(MODEL, 20_000, 5_000)
+    decision = gorgo.choose(region_view(loads, "us-west", {2: 5_000}), request)
+    assert decision.node.id == 2  # its conversation's node at home, cache credited
+    assert decision.cost is not None and decision.cost.matched_tokens == 5_000
+
+
+def test_a_regions_only_node_keeps_its_cache_credit_however_busy() -> None:
+    loads = {1: NodeLoad(30, 2_000), **{i: NodeLoad(2, 0) for i in range(2, 6)}}
+    request = RoutingRequest(MODEL, 32_000, 8_000)
+    decision = gorgo.choose(region_view(loads, "ap-northeast", {1: 8_000}), request)
+    assert decision.node.id == 1
+    assert decision.cost is not None and decision.cost.matched_tokens == 8_000

@@ -58,3 +58,41 @@ def test_it_logs_what_it_believed_was_cached() -> None:
     cost = prefix_affinity.choose(view, RoutingRequest(MODEL, 4_000, 1_000)).cost
     assert cost is not None
     assert (cost.node_id, cost.matched_tokens, cost.uncached_tokens, cost.total_ms) == (2, 800, 200, 0.0)
+
+
+REGIONAL = (make_node(1), make_node(2, region="eu-central"), make_node(3, region="eu-central"))
+
+
+def choose_local(candidates, load: dict[int, int], matched: dict[int, int]) -> int:
+    view = RoutingView(
+        region="us-east",
+        candidates=candidates,
+        params=PrefixAffinityParams(scope="local"),
+        load={node_id: NodeLoad(count, 0) for node_id, count in load.items()},
+        matched_tokens=matched,
+    )
+    return prefix_affinity.choose(view, RoutingRequest(MODEL, 4_000, 1_000)).node.id
+
+
+def test_local_scope_stays_in_the_gateways_region_whatever_the_cache_and_load_abroad() -> None:
+    # The prompt is cached abroad and the local node is the busiest: a regional router still
+    # never sees the other regions' nodes.
+    assert choose_local(REGIONAL, load={1: 90, 2: 0, 3: 0}, matched={2: 1_000}) == 1
+
+
+def test_local_scope_fails_over_abroad_only_when_no_local_node_is_eligible() -> None:
+    # Eligibility removed us-east's node (unhealthy): the other regions' nodes count, as geo-DNS
+    # failover sends the region's clients elsewhere.
+    assert choose_local(REGIONAL[1:], load={2: 5, 3: 0}, matched={2: 1_000}) == 2
+
+
+def test_global_scope_is_the_default_and_follows_the_cache_abroad() -> None:
+    assert PrefixAffinityParams().scope == "global"
+    view = RoutingView(
+        region="us-east",
+        candidates=REGIONAL,
+        params=PrefixAffinityParams(),
+        load={1: NodeLoad(0, 0)},
+        matched_tokens={2: 1_000},
+    )
+    assert prefix_affinity.choose(view, RoutingRequest(MODEL, 4_000, 1_000)).node.id == 2

@@ -57,6 +57,7 @@ class RoutingPolicySerializer(ValidatedModelSerializer):
             "model_scope",
             "residency",
             "max_rtt_ms",
+            "auto_tune",
             "is_active",
             "live_version",
             "created",

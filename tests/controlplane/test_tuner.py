@@ -1,0 +1,171 @@
+"""The online tuner (controlplane/policies/tuner.py): the (1+1)-ES steps, and convergence on a fleet.
+
+The convergence test runs gorgo's real algorithm (``routing.algorithms.gorgo.choose``) on an
+event-driven model of the emulated fleet: the simulator's default topology (its regions and RTTs),
+two nodes per region prefilling 10,638 tokens/s first come first served, clients 60 % in one
+region (more than its nodes can prefill), unique 1k-3k-token prompts. Each window is the next 400
+requests; the tuner's choice is live for the window after it, and queues carry over from window to
+window as they would on the fleet. Driving windows explicitly keeps the test to a second or two.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from controlplane.policies import tuner
+from controlplane.policies.tuner import Bounds, TunerState
+from routing.algorithms import gorgo
+from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
+from routing.contract import GorgoParams, NodeSpec
+from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
+from simulator.traffic.report import percentile
+
+PREFILL_TOKENS_PER_S = 1000.0 / 0.094
+STEP_MS = 6.5
+SHARES = {"us-east": 0.2, "eu-central": 0.2, "ap-south": 0.6}
+RATE_RPS = 20.0
+WINDOW_REQUESTS = 400
+HAND_TUNED = (1.0, 1.0)  # the defaults, argued from the physics in docs/routing.md
+
+
+@dataclass
+class FleetModel:
+    """Nodes as FCFS prefill servers; RTTs from the simulator's default topology."""
+
+    seed: int
+
+    def __post_init__(self) -> None:
+        self.topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+        self.nodes = tuple(
+            NodeSpec(
+                id=i,
+                name=n.name,
+                region=n.region,
+                base_url="http://127.0.0.1",
+                models=("m",),
+                gpu_type="H100-80GB",
+                gpu_count=1,
+                max_num_seqs=1024,
+                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+                kv_capacity_tokens=32_768,
+                state="active",
+            )
+            for i, n in enumerate(self.topology.nodes, start=1)
+        )
+        self.rng = random.Random(self.seed)
+        self.now_s = 0.0
+        self.busy_until_s = {n.id: 0.0 for n in self.nodes}
+        self.finishes: dict[int, list[float]] = {n.id: [] for n in self.nodes}
+        self.sequence = 0
+
+    def window(self, weights: tuple[float, float], requests: int = WINDOW_REQUESTS) -> float:
+        """Route the next ``requests`` arrivals with ``weights``; their p95 TTFT in ms."""
+        params = GorgoParams(w_rtt=weights[0], w_queue=weights[1])
+        regions = list(SHARES)
+        ttfts = []
+        for _ in range(requests):
+            self.now_s += self.rng.expovariate(RATE_RPS)
+            region = self.rng.choices(regions, weights=[SHARES[r] for r in regions])[0]
+            tokens = self.rng.randint(1000, 3000)
+            load = {}
+            for node in self.nodes:
+                pending = [t for t in self.finishes[node.id] if t > self.now_s]
+                self.finishes[node.id] = pending
+                backlog = max(0.0, self.busy_until_s[node.id] - self.now_s) * PREFILL_TOKENS_PER_S
+                load[node.id] = NodeLoad(len(pending), int(backlog))
+            self.sequence += 1
+            view = RoutingView(
+                region=region,
+                candidates=self.nodes,
+                params=params,
+                load=load,
+                rtt_ms={n.id: self.topology.rtt_ms(region, n.region) for n in self.nodes},
+                sequence=self.sequence,
+                gateway_id=f"gw-{region}",
+            )
+            node = gorgo.choose(view, RoutingRequest("m", tokens * 4, tokens)).node
+            rtt_s = self.topology.rtt_ms(region, node.region) / 1000.0
+            start_s = max(self.now_s + rtt_s / 2, self.busy_until_s[node.id])
+            done_s = start_s + tokens / PREFILL_TOKENS_PER_S + STEP_MS / 1000.0
+            self.busy_until_s[node.id] = done_s
+            self.finishes[node.id].append(done_s)
+            ttfts.append((done_s + rtt_s / 2 - self.now_s) * 1000.0)
+        return percentile(ttfts, 95) or 0.0
+
+
+def steady_p95(weights: tuple[float, float]) -> float:
+    """p95 of a weight setting on the same long arrival sequence (after a warm-up window)."""
+    fleet = FleetModel(seed=99)
+    fleet.window(weights)
+    return fleet.window(weights, 3000)
+
+
+def test_it_converges_from_weights_4x_off_to_within_10_percent_of_hand_tuned() -> None:
+    bad = (4.0, 0.25)  # both 4x off, the direction that keeps an overloaded region's traffic home
+    hand_p95 = steady_p95(HAND_TUNED)
+    assert steady_p95(bad) > 1.5 * hand_p95  # the start is really bad
+
+    fleet = FleetModel(seed=7)
+    rng = random.Random(3)
+    state = TunerState(incumbent=bad)
+    windows = 0
+    outcomes = []
+    while not state.converged and windows < 60:
+        p95 = fleet.window(state.live)
+        result = tuner.step(state, p95, WINDOW_REQUESTS, rng, Bounds())
+        outcomes.append(result.outcome)
+        state = result.state
+        windows += 1
+    tuned_p95 = steady_p95(state.incumbent)
+    assert tuned_p95 <= 1.10 * hand_p95, (state, tuned_p95, hand_p95, outcomes)
+    assert "accepted" in outcomes and "rejected" in outcomes
+
+
+def test_it_measures_the_incumbent_then_tries_a_step_inside_the_bounds() -> None:
+    bounds = Bounds(w_rtt=(0.5, 2.0), w_queue=(0.5, 2.0))
+    result = tuner.step(TunerState(incumbent=(1.0, 1.0), sigma=5.0), 200.0, 500, random.Random(1), bounds)
+    assert result.outcome == "measured"
+    assert result.state.incumbent_p95_ms == 200.0
+    assert result.publish == result.state.trial
+    assert result.publish is not None
+    assert all(0.5 <= w <= 2.0 for w in result.publish)
+    assert "200 ms over 500 requests" in result.note
+
+
+def test_it_accepts_a_better_trial_and_widens_the_step() -> None:
+    state = TunerState(incumbent=(1.0, 1.0), incumbent_p95_ms=200.0, sigma=0.4, trial=(1.2, 0.9))
+    result = tuner.step(state, 150.0, 400, random.Random(1))
+    assert result.outcome == "accepted"
+    assert result.state.incumbent == (1.2, 0.9)
+    assert result.state.incumbent_p95_ms == 150.0
+    assert result.state.sigma == 0.4 * tuner.SUCCESS_FACTOR
+    assert result.publish is not None and result.publish == result.state.trial  # the next trial
+    assert "accepted w_rtt=1.2, w_queue=0.9: p95 150 ms over 400 requests against 200 ms" in result.note
+
+
+def test_it_reverts_when_p95_worsens_and_narrows_the_step() -> None:
+    state = TunerState(incumbent=(1.0, 1.0), incumbent_p95_ms=200.0, sigma=0.4, trial=(3.0, 0.3))
+    result = tuner.step(state, 260.0, 400, random.Random(1))
+    assert result.outcome == "rejected"
+    assert result.publish == (1.0, 1.0)  # the revert
+    assert result.state.trial is None
+    assert result.state.sigma == 0.4 * tuner.FAILURE_FACTOR
+    assert "reverted to w_rtt=1, w_queue=1" in result.note
+
+
+def test_one_success_in_five_trials_holds_the_step_size() -> None:
+    sigma = 0.3 * tuner.SUCCESS_FACTOR * tuner.FAILURE_FACTOR**4
+    assert abs(sigma - 0.3) < 1e-12
+
+
+def test_it_stops_when_the_step_is_below_the_minimum() -> None:
+    state = TunerState(incumbent=(1.1, 0.9), incumbent_p95_ms=180.0, sigma=tuner.SIGMA_MIN / 2)
+    result = tuner.step(state, 175.0, 400, random.Random(1))
+    assert result.outcome == "converged"
+    assert result.publish is None
+
+
+def test_its_state_round_trips_through_json() -> None:
+    state = TunerState(incumbent=(1.5, 0.5), incumbent_p95_ms=120.0, sigma=0.2, trial=(1.4, 0.6), trials=3)
+    assert TunerState.from_json(state.to_json()) == state
