@@ -13,6 +13,11 @@ adds each, answering like an HTTP server should and closing the connection:
 | head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
 | body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
 | open connections per process | ``GORGO_MAX_CONNECTIONS`` | 503 + ``Retry-After`` |
+| a transfer coding other than ``chunked`` (e.g. ``gzip, chunked``) | | 501 |
+
+Request smuggling: httptools (llhttp) itself refuses a request with both ``Content-Length`` and
+``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
+coding used to be ignored and the body read as chunked, so it is refused here (RFC 9112 6.1).
 
 Memory stays bounded: the head is refused once it passes the limit (at most one read buffer
 beyond it is ever held), bodies are paused by uvicorn's flow control and capped by
@@ -53,7 +58,12 @@ class _HeadTooLarge(Exception):
 
 def _raw_response(error: GatewayError) -> bytes:
     body = error.body()
-    reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+    reason = {
+        408: b"Request Timeout",
+        431: b"Request Header Fields Too Large",
+        501: b"Not Implemented",
+        503: b"Service Unavailable",
+    }
     lines = [b"HTTP/1.1 %d %s" % (error.status, reason.get(error.status, b"Error"))]
     lines += [name + b": " + value for name, value in error.headers()]
     lines += [b"content-length: %d" % len(body), b"connection: close", b"", body]
@@ -81,6 +91,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._refused = False
         self._head_too_large = False
+        self._bad_coding = False
         self._timer: asyncio.TimerHandle | None = None
 
     # ---- connections ------------------------------------------------------------------------
@@ -116,6 +127,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         except httptools.HttpParserError:
             if self._head_too_large:
                 self._refuse(431, "The request head has too many or too large header fields.")
+            elif self._bad_coding:
+                self._refuse(501, "The only transfer coding this gateway accepts is chunked.")
             else:
                 self.send_400_response("Invalid HTTP request received.")
             return
@@ -149,6 +162,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_count > self._max_headers:
             self._head_too_large = True
             raise _HeadTooLarge
+        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            self._bad_coding = True
+            raise _HeadTooLarge  # stops the parser; answered with 501
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
