@@ -17,11 +17,10 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from routing.background import sleep_unless, stop_tasks
 from routing.breaker import Breakers
 from routing.table import RoutingTable
+from routing.upstream import UpstreamClient, UpstreamError, make_target
 
 logger = logging.getLogger("routing.breaker")
 
@@ -30,17 +29,17 @@ class NodeProber:
     def __init__(
         self,
         breakers: Breakers,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         table: Callable[[], RoutingTable | None],
         *,
         interval_s: float = 0.25,
         timeout_s: float = 2.0,
     ) -> None:
         self._breakers = breakers
-        self._session = session
+        self._client = client
         self._table = table
         self._interval_s = interval_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
@@ -72,9 +71,15 @@ class NodeProber:
 
     async def _answers(self, base_url: str) -> bool:
         try:
-            async with self._session.get(f"{base_url}/health", timeout=self._timeout) as response:
-                return response.status < 500
-        except (aiohttp.ClientError, TimeoutError):
+            target = make_target(f"{base_url}/health", "GET")
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._client.request(target, b"")
+                try:
+                    await response.read()
+                finally:
+                    response.close()
+            return response.status < 500
+        except (UpstreamError, TimeoutError, ValueError):
             return False
 
     def alive(self, node_id: int, base_url: str) -> asyncio.Future[bool]:
