@@ -70,6 +70,56 @@ def _raw_response(error: GatewayError) -> bytes:
     return b"\r\n".join(lines)
 
 
+class CorkedTransport:
+    """The client transport, with every write of one event-loop turn sent in one syscall.
+
+    uvicorn writes a response's head and its body separately; a non-streaming answer (head and
+    body sent in the same turn) so cost two ``send`` syscalls, each also running the loopback
+    receiver's TCP path. Buffered until the end of the turn, they go out together; a stream's
+    head still leaves at once (at the end of the turn that sent it, before any wait). Reads, flow
+    control and everything else go to the real transport.
+    """
+
+    __slots__ = ("_buffer", "_loop", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self._loop = loop
+        self._buffer: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._buffer:
+            self._loop.call_soon(self.flush)
+        self._buffer.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        buffer = self._buffer
+        if buffer:
+            self._buffer = []
+            if not self.transport.is_closing():
+                self.transport.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self._buffer = []
+        self.transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus head limits, read timeouts and a connection cap."""
 
@@ -107,6 +157,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
 
     def connection_lost(self, exc: Exception | None) -> None:
