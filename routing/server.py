@@ -142,7 +142,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._head_too_large = False
         self._bad_coding = False
+        # One lazy timer per connection: arming sets a deadline, and the timer handle is only
+        # replaced when the new deadline is earlier than the one it will fire at (a request arms
+        # and disarms twice, head then body: two call_later + cancel pairs per request before).
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._on_deadline: Any = None
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -161,7 +166,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._stop_timer()
         if self._refused:
             return
         super().connection_lost(exc)
@@ -232,16 +237,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ---- limits ------------------------------------------------------------------------------
 
     def _arm(self, seconds: float, callback: Any) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, callback)
+        self._deadline = deadline = self.loop.time() + seconds
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return  # it fires first and re-arms itself for the rest
+            timer.cancel()
+        self._timer = self.loop.call_at(deadline, self._fire)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the timer, if any, fires into nothing (or is reused)
+
+    def _fire(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None or self.transport is None:
+            return
+        if self._deadline > self.loop.time():
+            self._timer = self.loop.call_at(self._deadline, self._fire)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _stop_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         if self.transport.is_closing():
             return
         GuardedHttpToolsProtocol.stats.header_timeouts += 1
@@ -251,7 +276,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(408, f"The request head did not arrive within {self._header_timeout_s:g}s.")
 
     def _body_timed_out(self) -> None:
-        self._timer = None
         cycle = self.cycle
         if self.transport.is_closing() or cycle is None or not cycle.more_body:
             return
