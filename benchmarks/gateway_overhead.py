@@ -380,8 +380,8 @@ def _percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def group_cpu_s(leader_pid: int) -> float:
-    """User + system CPU seconds of every live process in ``leader_pid``'s process group (/proc)."""
+def group_cpu_s(leader_pid: int, kind: str = "both") -> float:
+    """CPU seconds (``user``, ``system`` or ``both``) of the live processes of ``leader_pid``'s group (/proc)."""
     total = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -392,16 +392,18 @@ def group_cpu_s(leader_pid: int) -> float:
         except OSError:
             continue
         if int(fields[2]) == leader_pid:  # field 5 of stat: the process group
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+            utime, stime = int(fields[11]), int(fields[12])  # clock ticks
+            total += utime if kind == "user" else stime if kind == "system" else utime + stime
     return total / os.sysconf("SC_CLK_TCK")
 
 
 def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     pid = target.process.pid
     latencies = latency_c1(target.port, args.c1_requests, warmup=200, auth=target.auth)
-    cpu_before = group_cpu_s(pid)
+    cpu_before, sys_before = group_cpu_s(pid), group_cpu_s(pid, "system")
     rps, done, loadgen = throughput_c32(target.port, args.c32_seconds, auth=target.auth)
     cpu_s = group_cpu_s(pid) - cpu_before
+    sys_s = group_cpu_s(pid, "system") - sys_before
     per_client = args.stream_requests // 8
     ttfb_c1 = asyncio.run(stream_ttfb(target.port, 1, per_client, warmup=10, auth=target.auth))
     ttfb = asyncio.run(stream_ttfb(target.port, 8, per_client, warmup=10, auth=target.auth))
@@ -410,6 +412,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms_c1": round(_percentile(latencies, 0.99), 4),
         "rps_c32": round(rps, 1),
         "cpu_us_per_request": round(cpu_s / done * 1e6, 1) if done else None,
+        "system_cpu_us_per_request": round(sys_s / done * 1e6, 1) if done else None,
         "rps_per_core": round(done / cpu_s) if cpu_s else None,
         "cpu_busy_c32": round(cpu_s / args.c32_seconds, 3),
         "stream_ttfb_p50_ms_c1": round(statistics.median(ttfb_c1), 4),
@@ -646,7 +649,7 @@ def _markdown(report: dict[str, Any]) -> str:
         "Added = minus a direct call to one mock. CPU = user + system time of the target's processes "
         "during the c32 run, per request.",
         "",
-        "| target | added p50 / p99 c1 (ms) | req/s c32 | CPU µs/request | req/s per core | added stream TTFB c1 / c8 (ms) |",
+        "| target | added p50 / p99 c1 (ms) | req/s c32 | CPU µs/request (of it kernel) | req/s per core | added stream TTFB c1 / c8 (ms) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, figures in targets.items():
@@ -663,7 +666,8 @@ def _markdown(report: dict[str, Any]) -> str:
                 f"{figures['stream_ttfb_p50_ms_c1']:.3f} / {figures['stream_ttfb_p50_ms_c8']:.3f} (absolute)"
             )
         lines.append(
-            f"| {name} | {c1} | {figures['rps_c32']:,.0f} | {figures['cpu_us_per_request'] or 0:,.1f} | "
+            f"| {name} | {c1} | {figures['rps_c32']:,.0f} | {figures['cpu_us_per_request'] or 0:,.1f} "
+            f"({figures['system_cpu_us_per_request'] or 0:,.1f}) | "
             f"{figures['rps_per_core'] or 0:,} | {ttfb} |"
         )
     checks = report["targets_vs_router"]

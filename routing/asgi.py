@@ -168,13 +168,11 @@ class DisconnectWatch:
         self._exchange = exchange
         self._task = task
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            _WATCH_AFTER_S, self._start
-        )
+        self._timer: asyncio.TimerHandle | None = task.get_loop().call_later(_WATCH_AFTER_S, self._start)
 
     def _start(self) -> None:
         self._timer = None
-        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._watcher = self._task.get_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         message = await self._receive()

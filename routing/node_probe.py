@@ -117,9 +117,7 @@ class HungWatch:
         self.base_url = base_url
         self.hung = False
         self._probe: asyncio.Future[bool] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            after_s, self._suspect
-        )
+        self._timer: asyncio.TimerHandle | None = task.get_loop().call_later(after_s, self._suspect)
 
     def _suspect(self) -> None:
         self._timer = None

@@ -160,10 +160,16 @@ class Proxy:
         self._retry_budget = RetryBudget(config.retry_budget_ratio)
         self._admission = admission
         self._prober = prober
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
-        task = asyncio.current_task()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        # With the loop given, no getpid() syscall (Python 3.11 checks the pid on every lookup
+        # of the running loop: 2% of the gateway's CPU in the profile).
+        task = asyncio.current_task(loop)
         watch: DisconnectWatch | None = None
         try:
             try:
@@ -357,7 +363,7 @@ class Proxy:
         config = self._config
         first_byte_s = config.upstream_first_byte_timeout_s if parsed.stream else None
         breakers = self._breakers
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         fresh = False
         while True:
             node = decision.node
