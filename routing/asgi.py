@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from routing.deadlines import Deadline, FixedDelay
 from routing.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
@@ -163,15 +164,19 @@ class DisconnectWatch:
 
     __slots__ = ("_exchange", "_receive", "_task", "_timer", "_watcher")
 
+    timers = FixedDelay(_WATCH_AFTER_S)  # one loop timer for every watch of the process
+
     def __init__(self, receive: Receive, exchange: Watched, task: asyncio.Task[Any]) -> None:
         self._receive = receive
         self._exchange = exchange
         self._task = task
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = task.get_loop().call_later(_WATCH_AFTER_S, self._start)
+        self._timer: Deadline | None = DisconnectWatch.timers.call(task.get_loop(), self._start)
 
     def _start(self) -> None:
         self._timer = None
+        if self._task.done():
+            return
         self._watcher = self._task.get_loop().create_task(self._watch())
 
     async def _watch(self) -> None:

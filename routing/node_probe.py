@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from routing.background import sleep_unless, stop_tasks
 from routing.breaker import Breakers
+from routing.deadlines import Deadline, FixedDelay
 from routing.table import RoutingTable
 from routing.upstream import UpstreamClient, UpstreamError, make_target
 
@@ -101,7 +102,8 @@ class NodeProber:
 class HungWatch:
     """Takes a non-streaming request back from a node that stopped answering even ``/health``.
 
-    Armed when the request is sent: a timer (no task) that, after ``after_s``, asks the prober
+    Armed when the request is sent: a timer (no task; one of ``timers``, the first-byte timeout)
+    that then asks the prober
     whether the node is alive; if not, it marks itself ``hung`` and cancels the request's task,
     which catches the cancellation and retries elsewhere. ``stop`` disarms it.
     """
@@ -109,7 +111,7 @@ class HungWatch:
     __slots__ = ("_probe", "_prober", "_task", "_timer", "base_url", "hung", "node_id")
 
     def __init__(
-        self, prober: NodeProber, task: asyncio.Task[object], node_id: int, base_url: str, after_s: float
+        self, prober: NodeProber, task: asyncio.Task[object], node_id: int, base_url: str, timers: FixedDelay
     ) -> None:
         self._prober = prober
         self._task = task
@@ -117,10 +119,12 @@ class HungWatch:
         self.base_url = base_url
         self.hung = False
         self._probe: asyncio.Future[bool] | None = None
-        self._timer: asyncio.TimerHandle | None = task.get_loop().call_later(after_s, self._suspect)
+        self._timer: Deadline | None = timers.call(task.get_loop(), self._suspect)
 
     def _suspect(self) -> None:
         self._timer = None
+        if self._task.done():
+            return
         self._probe = self._prober.alive(self.node_id, self.base_url)
         self._probe.add_done_callback(self._verdict)
 

@@ -35,6 +35,7 @@ from routing.asgi import (
 from routing.breaker import Breakers, RetryBudget
 from routing.config import GatewayConfig
 from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
+from routing.deadlines import FixedDelay
 from routing.errors import GatewayError
 from routing.frontdoor import FrontDoor, Grant
 from routing.inflight import InFlight, Lease
@@ -161,6 +162,7 @@ class Proxy:
         self._admission = admission
         self._prober = prober
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._hung_timers = FixedDelay(config.upstream_first_byte_timeout_s)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -376,7 +378,7 @@ class Proxy:
                     task,
                     node.id,
                     table.base_urls[node.id],
-                    config.upstream_first_byte_timeout_s,
+                    self._hung_timers,
                 )
                 if first_byte_s is None and self._prober is not None and task is not None
                 else None

@@ -26,6 +26,7 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -170,24 +171,19 @@ class UpstreamResponse:
         return data
 
     async def _wait(self) -> None:
-        loop = self._conn.loop
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(self._conn.read_timeout_s, _expire, waiter)
+        conn = self._conn
+        waiter = self._waiter = conn.loop.create_future()
+        conn.arm_read(waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            conn.read_waiter = None
 
     def close(self) -> None:
         """Done with it: a response not read to its end drops the connection (the node sees it)."""
         if not self._done:
             self._finish(Disconnected("response closed before its end"))
             self._conn.abort()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout("no byte from the node within the read timeout"))
 
 
 class _Connection(asyncio.Protocol):
@@ -206,6 +202,11 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self._content_type = b""
+        # The read timeout: one lazy timer per connection. Arming moves a deadline (always
+        # later: the timeout is fixed); the timer re-arms itself for the rest when it fires early.
+        self.read_waiter: asyncio.Future[Any] | None = None
+        self.read_deadline = 0.0
+        self.read_timer: asyncio.TimerHandle | None = None
 
     # -- asyncio --
 
@@ -229,6 +230,9 @@ class _Connection(asyncio.Protocol):
         return None  # close
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
         self.closed = True
         self.reusable = False
         self.pool.forget(self)
@@ -270,6 +274,24 @@ class _Connection(asyncio.Protocol):
         self._complete()
 
     # -- internals --
+
+    def arm_read(self, waiter: asyncio.Future[Any]) -> None:
+        """Fail ``waiter`` with ``ReadTimeout`` unless it is done within the read timeout."""
+        self.read_waiter = waiter
+        self.read_deadline = self.loop.time() + self.read_timeout_s
+        if self.read_timer is None:
+            self.read_timer = self.loop.call_at(self.read_deadline, self._read_expired)
+
+    def _read_expired(self) -> None:
+        self.read_timer = None
+        waiter = self.read_waiter
+        if waiter is None or waiter.done() or self.closed:
+            return
+        if self.read_deadline > self.loop.time():
+            self.read_timer = self.loop.call_at(self.read_deadline, self._read_expired)
+            return
+        self.read_waiter = None
+        waiter.set_exception(ReadTimeout("no byte from the node within the read timeout"))
 
     def _framed(self) -> bool:
         response = self.response
@@ -351,14 +373,14 @@ class UpstreamClient:
         self._busy.add(conn)
         data = b"%s%scontent-length: %d\r\n\r\n%s" % (target.head, headers, len(body), body)
         waiter = conn.send(data)
-        timer = self.loop.call_later(self.read_timeout_s, _expire, waiter)
+        conn.arm_read(waiter)
         try:
             return await waiter
         except BaseException:
             conn.abort()  # cancelled or failed mid-request: the node must see the connection go
             raise
         finally:
-            timer.cancel()
+            conn.read_waiter = None
 
     def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(origin)
