@@ -234,6 +234,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the keep-alive wait on the connection's one deadline instead of a new
+        # call_later per response (uvicorn cancels that in data_received, which finds none now).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif not self._in_head:  # (a next head already begun keeps its own, shorter timeout)
+            self._arm(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
     # ---- limits ------------------------------------------------------------------------------
 
     def _arm(self, seconds: float, callback: Any) -> None:
