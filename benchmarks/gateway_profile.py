@@ -53,11 +53,11 @@ FILE_RULES = [
     ("routing/frontdoor", "front door: keys, limits, grants"),
     ("routing/ratelimit", "front door: keys, limits, grants"),
     ("routing/keystore", "front door: keys, limits, grants"),
-    ("redis/", "front door: keys, limits, grants"),  # the limiter's Lua call (lease refills)
     ("routing/algorithms", "routing decision (algorithm, prefix index, view)"),
     ("routing/prefix_index", "routing decision (algorithm, prefix index, view)"),
     ("routing/admission", "admission + in-flight accounting"),
     ("routing/inflight", "admission + in-flight accounting"),
+    ("redis/", "redis-py (limiter lease refills, load exchange, log flush)"),
     ("prometheus_client", "metrics"),
     ("routing/metrics", "metrics"),
     ("routing/prompt", "body parse (msgspec) + usage parse"),
