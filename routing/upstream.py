@@ -100,6 +100,7 @@ class UpstreamResponse:
         "_paused",
         "_size",
         "_waiter",
+        "_whole",
         "content_encoded",
         "content_type",
         "raw_headers",
@@ -118,13 +119,14 @@ class UpstreamResponse:
         self._error: UpstreamError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._whole = False  # read() wants it all: no flow control
 
     # -- fed by the connection --
 
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._size += len(data)
-        if self._size > _HIGH_WATER and not self._paused:
+        if self._size > _HIGH_WATER and not self._paused and not self._whole:
             self._paused = True
             self._conn.pause()
         self._wake()
@@ -162,6 +164,10 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body."""
+        self._whole = True
+        if self._paused:
+            self._paused = False
+            self._conn.resume()
         while not self._done:
             await self._wait()
         if self._error is not None:
@@ -372,7 +378,11 @@ class UpstreamClient:
             conn = await self._connect(target)
         self._busy.add(conn)
         data = b"%s%scontent-length: %d\r\n\r\n%s" % (target.head, headers, len(body), body)
-        waiter = conn.send(data)
+        try:
+            waiter = conn.send(data)
+        except (OSError, RuntimeError) as exc:  # closed under us between the pool and the write
+            conn.abort()
+            raise Disconnected(f"the connection to {target.host}:{target.port} closed: {exc}") from None
         conn.arm_read(waiter)
         try:
             return await waiter

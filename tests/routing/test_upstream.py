@@ -116,6 +116,26 @@ async def test_a_body_delimited_by_the_close_is_read_whole_and_the_connection_no
         await upstream.close()
 
 
+async def test_large_bodies_arrive_whole_read_at_once_or_chunk_by_chunk():
+    big = b"x" * (3 << 20)  # past the flow-control high-water mark
+
+    def answer(_data: bytes):
+        return [(0, ok(big))]
+
+    async with Server(answer) as url:
+        upstream = client()
+        target = make_target(url + CHAT)
+        response = await upstream.request(target, b"", b"{}")
+        await asyncio.sleep(0.2)  # let it all arrive (and reading pause) before asking
+        assert await response.read() == big
+        response = await upstream.request(target, b"", b"{}")
+        received = b""
+        while chunk := await response.readany():
+            received += chunk
+        assert received == big
+        await upstream.close()
+
+
 async def test_a_refused_connection_is_connect_failed():
     upstream = client()
     with pytest.raises(ConnectFailed):
