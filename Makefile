@@ -49,6 +49,7 @@ run: install
 
 test: lint
 	@bash scripts/ensure_chromium.sh || true
+	@bash scripts/ensure_promtool.sh || true
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \
@@ -67,6 +68,7 @@ bench: install
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/routing_decision.py && \
+	$(PY) benchmarks/kv_cache_pressure.py && \
 	$(PY) benchmarks/routing_quality.py
 
 clean:

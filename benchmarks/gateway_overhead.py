@@ -9,8 +9,11 @@ OpenAI backends, each its own process):
   (3 nodes, the ``gorgo`` algorithm unless ``--algorithm``), the request log on, and its front
   door on (``GORGO_AUTH=on``, one client key with request and token limits: every request is
   authenticated and rate-limited);
-- ``gorgo``: the same gateway with the front door off;
+- ``gorgo``: the same gateway with the front door off (OpenTelemetry tracing is off in every
+  target but one: no ``OTEL_EXPORTER_OTLP_ENDPOINT``);
 - ``gorgo+frontdoor x2``: the headline gateway with ``--workers 2`` (1 -> 2 worker scaling);
+- ``gorgo+tracing``: ``gorgo`` with tracing on, every request sampled, spans exported over
+  OTLP/HTTP to another mock process standing in for the collector (it answers 200 to every POST);
 - ``vllm-router``: the Rust vLLM router (``pip install -e '.[peers]'``; ``make bench`` does), round robin;
 - ``asgi+aiohttp``: the smallest raw-ASGI proxy on uvicorn (uvloop, httptools) with aiohttp,
   round robin (``--with-httpx`` adds the same with httpx).
@@ -426,6 +429,82 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _tracing_off_ns(loops: int = 2_000_000) -> float:
+    """What the request path's tracing hooks cost while tracing is off, in ns per request.
+
+    The hooks in routing/proxy.py are one slot store (``exchange.span = None``) and three
+    ``is not None`` tests; timed here on the same kinds of objects, minus an empty call. Unlike
+    the end-to-end rows this does not depend on what else the machine runs.
+    """
+    import timeit
+
+    class Exchange:
+        __slots__ = ("span",)
+
+    class Proxy:
+        def __init__(self) -> None:
+            self._tracing = None
+
+    proxy, exchange = Proxy(), Exchange()
+
+    def hooks() -> None:
+        exchange.span = None
+        if proxy._tracing is not None:
+            raise AssertionError
+        if exchange.span is not None:
+            raise AssertionError
+        if exchange.span is not None:
+            raise AssertionError
+
+    def empty() -> None:
+        pass
+
+    best = min(timeit.repeat(hooks, number=loops, repeat=5)) - min(
+        timeit.repeat(empty, number=loops, repeat=5)
+    )
+    return max(best, 0.0) / loops * 1e9
+
+
+def _tracing_on_cpu_us(requests: int = 5000) -> float:
+    """CPU per request of a traced request's span work in-process (start with a traceparent, read
+    the answer, finish from a request record, export in batches to a no-op exporter), in µs.
+
+    Process CPU time, so it depends less on what else the machine runs than the rows above.
+    """
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from routing.contract import SCHEMA_VERSION, CostTerms, NodeSpec, RequestRecord
+    from routing.tracing import GatewayTracing
+
+    class Discard(SpanExporter):
+        def export(self, spans):  # the batches are built, only the network is left out
+            return SpanExportResult.SUCCESS
+
+    tracing = GatewayTracing.with_processor(BatchSpanProcessor(Discard()), region="bench", gateway_id="bench")
+    scope_headers = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    answer = json.dumps(
+        {"id": "chatcmpl-1", "model": MODEL, "choices": [{"index": 0, "finish_reason": "stop"}]}
+    ).encode()
+    cost = CostTerms(node_id=1, total_ms=40.0, rtt_ms=10.0, queue_ms=5.0, prefill_ms=25.0, matched_tokens=64)
+    record = RequestRecord(
+        schema_version=SCHEMA_VERSION, request_id="r", ts=time.time(), gateway_region="bench",
+        gateway_id="bench", model=MODEL, status=200, stream=False, node_id=1, node_region="bench",
+        algorithm="gorgo", policy_version=1, prompt_tokens=12, completion_tokens=8, cost=cost, runner_up=cost,
+    )  # fmt: skip
+    node = NodeSpec(
+        id=1, name="mock-1", region="bench", base_url="http://127.0.0.1:9", models=(MODEL,), gpu_type="H100",
+        gpu_count=1, max_num_seqs=256, prefill_tokens_per_s=10000.0, kv_capacity_tokens=500000, state="active",
+    )  # fmt: skip
+    started = time.process_time()
+    for _ in range(requests):
+        headers = [(b"Content-Type", b"application/json")]
+        span = tracing.start(scope_headers, headers, "chat", CHAT_BODY, time.time())
+        tracing.answer(span, answer, stream=False)
+        tracing.finish(span, record, node)
+    tracing.shutdown()  # the batch exports count too
+    return (time.process_time() - started) / requests * 1e6
+
+
 def _machine() -> dict[str, Any]:
     model = ""
     try:
@@ -495,23 +574,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mock = mocks[0]
     upstreams = [f"http://127.0.0.1:{m.port}" for m in mocks]
 
-    def gorgo(algorithm: str, front_door: bool = False, workers: int = 1) -> Target:
+    helpers: list[Target] = []
+
+    def gorgo(algorithm: str, front_door: bool = False, tracing: bool = False, workers: int = 1) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
         _publish_policy(redis_url, prefix, upstreams, algorithm)
         if front_door:
             _publish_bench_key(redis_url, prefix)
+        env = {
+            "REDIS_URL": redis_url,
+            "GORGO_REDIS_PREFIX": prefix,
+            "LOG_LEVEL": "info",
+            "GORGO_AUTH": "on" if front_door else "off",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "",
+        }
+        if tracing:
+            sink = _start("otlp-sink", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
+            helpers.append(sink)
+            env.update(
+                {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.port}",
+                    "OTEL_SERVICE_NAME": "gorgo-bench",
+                    "OTEL_TRACES_SAMPLER": "always_on",
+                }
+            )
+        suffix = ("-frontdoor" if front_door else "") + ("-tracing" if tracing else "")
         port = free_port() if workers > 1 else 0  # uvicorn's workers need a fixed port
         target = _start(
-            f"gorgo-{algorithm}{'-frontdoor' if front_door else ''}-x{workers}",
+            f"gorgo-{algorithm}{suffix}-x{workers}",
             [python, "-m", "routing", "--port", str(port), "--region", "bench", "--workers", str(workers)],
             workdir,
-            {
-                "REDIS_URL": redis_url,
-                "GORGO_REDIS_PREFIX": prefix,
-                "LOG_LEVEL": "info",
-                "GORGO_AUTH": "on" if front_door else "off",
-            },
+            env,
             port=port or None,
             port_pattern=None if port else uvicorn_port,
         )
@@ -519,6 +614,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if front_door:
             target.auth = BENCH_SECRET
             target.note += ", auth + rate limits on (one key)"
+        if tracing:
+            target.note += ", tracing on (every request)"
         return target
 
     plan: list[tuple[str, Any]] = [
@@ -526,6 +623,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("gorgo+frontdoor", lambda: gorgo(args.algorithm, front_door=True)),
         ("gorgo", lambda: gorgo(args.algorithm)),
         ("gorgo+frontdoor x2", lambda: gorgo(args.algorithm, front_door=True, workers=2)),
+        ("gorgo+tracing", lambda: gorgo(args.algorithm, tracing=True)),
     ]
     router = _vllm_router()
     if not args.skip_peers:
@@ -579,7 +677,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if target is not mock:
                     target.stop()
     finally:
-        for each in mocks:
+        for each in mocks + helpers:
             each.stop()
     if any("error" in figures for figures in results.values()):
         print(f"  process logs kept in {workdir}", flush=True)
@@ -695,6 +793,12 @@ def _markdown(report: dict[str, Any]) -> str:
             f"CPU per request x{scaling['cpu_ratio']:.2f}. wrk (one thread) shares the 2 cores with the "
             "gateway, so this shows the cost per request of two processes more than the ceiling.",
         ]
+    lines += [
+        "",
+        "gorgo+tracing is the same gateway with OpenTelemetry tracing on (every request sampled, a span "
+        "per request exported over OTLP/HTTP to a local sink); the others run with tracing off, "
+        "where the request path only tests that the tracer is None and imports nothing of OpenTelemetry.",
+    ]
     front_door = report.get("front_door")
     if front_door:
         lines += [
@@ -703,6 +807,13 @@ def _markdown(report: dict[str, Any]) -> str:
             f"added p50 c1 {front_door['added_p50_ms_c1']:+.3f} ms, CPU per request "
             f"{front_door['added_cpu_us_per_request']:+.1f} µs, throughput c32 ratio {front_door['rps_c32_ratio']:.3f}.",
         ]
+    if report.get("tracing_off_hooks_ns") is not None:
+        lines.append(
+            f"Tracing off: the request path's tracing hooks cost {report['tracing_off_hooks_ns']:g} ns per "
+            "request (timeit of the same statements; nothing of OpenTelemetry is imported). Tracing on: "
+            f"{report['tracing_on_cpu_us']:g} µs of CPU per request for the span (started, answered, "
+            "finished, batched for export; process time, in-process)."
+        )
     swap = report.get("policy_swap_ms")
     if swap:
         lines.append(
@@ -768,6 +879,8 @@ def main() -> int:
         },
         "gorgo_setup": f"policy algorithm {args.algorithm}, {UPSTREAMS} nodes, request log on",
         "policy_swap_ms": outcome["extras"].get("policy_swap_ms"),
+        "tracing_off_hooks_ns": round(_tracing_off_ns(), 1),
+        "tracing_on_cpu_us": round(_tracing_on_cpu_us(), 1),
         "targets": targets,
         "added": added,
         "targets_vs_router": checks,

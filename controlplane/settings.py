@@ -229,6 +229,8 @@ GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
 LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
 # One OpenAPI enum for the health values used by several telemetry fields.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
+# Bearer token Prometheus sends to the control plane's /metrics; empty: loopback clients only.
+GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
 # How often the active policy is re-checked against Redis (republished if Redis missed a change).
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.

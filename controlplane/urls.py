@@ -4,6 +4,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from controlplane.metrics import metrics_view
+
 api_v1 = [
     path("", include("controlplane.fleet.api.urls")),
     path("", include("controlplane.policies.api.urls")),
@@ -16,6 +18,7 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("metrics", metrics_view, name="metrics"),
     # Last: the dashboard owns "/" and the pages under it.
     path("", include("controlplane.dashboard.urls")),
 ]

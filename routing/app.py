@@ -12,6 +12,7 @@ module-level singleton, so tests can run several gateways in one process.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Mapping
@@ -32,6 +33,8 @@ from routing.errors import JSON_CONTENT_TYPE, GatewayError
 from routing.frontdoor import FrontDoor
 from routing.inflight import InFlight
 from routing.keystore import KeyStore
+from routing.kv_events import EventSource, KVEvents, KVEventsCollector
+from routing.kv_index import KVAwareIndex
 from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.node_probe import NodeProber
 from routing.policy_store import PolicyStore, make_redis
@@ -44,6 +47,8 @@ from routing.server import GuardedHttpToolsProtocol
 from routing.sharing import GatewaySharing
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import Tokenizers
+from routing.tracing import GatewayTracing, tracing_from_env
 from routing.upstream import UpstreamClient
 
 logger = logging.getLogger("routing.app")
@@ -67,6 +72,7 @@ class Runtime:
     front_door: FrontDoor | None
     limiter_redis: Redis | None
     prober: NodeProber
+    tracing: GatewayTracing | None = None
 
 
 class Gateway:
@@ -78,12 +84,21 @@ class Gateway:
         *,
         registry: Mapping[str, AlgorithmInfo] = REGISTRY,
         prefix_index: ApproxPrefixIndex | None = None,
+        tracing: GatewayTracing | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.prefix_index = prefix_index if prefix_index is not None else ApproxPrefixIndex()
+        # Nodes that publish KV events are matched on them, the others on the approximate index.
+        self.kv_events = KVEvents()
+        self.tokenizers = Tokenizers()
+        self.index = KVAwareIndex(self.prefix_index, self.kv_events)
+        self._background: set[asyncio.Task[None]] = set()
+        self._kv_report_stop = asyncio.Event()
+        self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -123,7 +138,7 @@ class Gateway:
             read_timeout_s=config.upstream_read_timeout_s,
             keepalive_s=config.upstream_keepalive_s,
         )
-        index = self.prefix_index
+        index = self.index
         ratio = self.chars_per_token
         store = PolicyStore(
             redis,
@@ -132,7 +147,7 @@ class Gateway:
             self.registry,
             live_refresh_interval_s=config.live_refresh_interval_s,
             live_stale_s=config.live_stale_s,
-            on_snapshot=lambda table: _resize_index(index, table, ratio),
+            on_snapshot=lambda table: self._on_snapshot(table),
         )
         request_log = RequestLog(
             redis,
@@ -147,7 +162,7 @@ class Gateway:
             keys,
             gateway_id=config.gateway_id,
             region=config.region,
-            index=index,
+            index=self.prefix_index,
             load_source=lambda: (inflight.outstanding_requests(), inflight.outstanding_prefill_tokens()),
             on_peer_load=inflight.set_peer_load,
         )
@@ -177,6 +192,15 @@ class Gateway:
                 metrics,
             )
         metrics.add_state_collector(
+            KVEventsCollector(
+                self.kv_events,
+                node_names=lambda: (
+                    {node.id: node.name for node in store.table.snapshot.nodes} if store.table else {}
+                ),
+                cached_tokens=self.index.cached_token_totals,
+            )
+        )
+        metrics.add_state_collector(
             StateCollector(
                 inflight,
                 node_names=lambda: (
@@ -194,6 +218,7 @@ class Gateway:
                 queue_lengths=admission.lengths,
             )
         )
+        tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
         prober = NodeProber(breakers, client, lambda: store.table)
         proxy = Proxy(
             config,
@@ -208,6 +233,8 @@ class Gateway:
             breakers,
             admission if admission.enabled else None,
             prober,
+            tracing,
+            tokenizers=self.tokenizers,
         )
         self.runtime = Runtime(
             redis,
@@ -221,6 +248,7 @@ class Gateway:
             front_door,
             limiter_redis,
             prober,
+            tracing,
         )
         await store.start()
         if front_door is not None:
@@ -229,6 +257,10 @@ class Gateway:
         request_log.start()
         self.runtime.prober.start()
         await sharing.start()
+        self._kv_report = asyncio.get_running_loop().create_task(
+            self.kv_events.report(redis, keys, config.gateway_id, config.region, self._kv_report_stop),
+            name="gorgo-kv-state-report",
+        )
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
         # gen0 threshold of 700, the objects of ~32 requests in flight keep crossing it, so a
         # collection ran every ~18 requests (~4% of CPU, 0.1-0.7 ms pauses). Refcounting frees
@@ -254,11 +286,42 @@ class Gateway:
             await runtime.front_door.limiter.close()
         await runtime.prober.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
+        self._kv_report_stop.set()
+        if self._kv_report is not None:
+            await run_bounded(self._kv_report, 3.0, "gorgo-kv-state-report")
+        await run_bounded(self.kv_events.close(), 3.0, "gorgo-kv-events-stop")
+        self.tokenizers.close()
         await runtime.request_log.close()
         await runtime.client.close()
         await runtime.redis.aclose()
         if runtime.limiter_redis is not None:
             await runtime.limiter_redis.aclose()
+        if runtime.tracing is not None:
+            await run_bounded(asyncio.to_thread(runtime.tracing.shutdown), 5.0, "gorgo-tracing-flush")
+
+    def _on_snapshot(self, table: RoutingTable) -> None:
+        """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
+        _resize_index(self.index, table, self.chars_per_token)
+        snapshot = table.snapshot
+        self.tokenizers.sync(
+            {
+                model.name: (model.tokenizer.tokenizer_path, model.tokenizer.chat_template_path)
+                for model in snapshot.models
+                if model.tokenizer is not None
+            }
+        )
+        sources = {
+            node.id: EventSource(
+                node.kv_events.endpoint, node.kv_events.replay_endpoint, node.kv_events.topic
+            )
+            for node in snapshot.nodes
+            if node.kv_events is not None
+        }
+        task = asyncio.get_running_loop().create_task(
+            self.kv_events.sync(sources), name="gorgo-kv-events-sync"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # ---- HTTP --------------------------------------------------------------------------------
 

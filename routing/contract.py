@@ -92,6 +92,11 @@ class RedisKeys:
         return f"{self.prefix}:prefix:updates"
 
     @property
+    def kv_state(self) -> str:
+        """HASH: gateway id -> ``GatewayKVState`` (JSON): each node's prefix-index mode and event lag."""
+        return f"{self.prefix}:kv:state"
+
+    @property
     def key_set(self) -> str:
         """STRING: the ``ClientKeySet`` (JSON): every client key's hash, limits and state."""
         return f"{self.prefix}:keys:current"
@@ -264,12 +269,28 @@ class RegionSpec(msgspec.Struct, frozen=True):
     longitude: float
 
 
+class TokenizerSpec(msgspec.Struct, frozen=True):
+    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.tokenization)."""
+
+    tokenizer_path: str  # a Hugging Face tokenizer.json
+    chat_template_path: str | None = None  # a Jinja chat template (Hugging Face format)
+
+
 class ModelSpec(msgspec.Struct, frozen=True):
     """A served model, by the name clients put in ``model``."""
 
     name: str
     kv_block_size: int
     max_context_tokens: int
+    tokenizer: TokenizerSpec | None = None  # None: the model is routed on the approximate index
+
+
+class KVEventsSpec(msgspec.Struct, frozen=True):
+    """Where a node publishes vLLM's KV-cache events (its ``--kv-events-config``), as gateways reach it."""
+
+    endpoint: str  # tcp://host:port of the ZMQ PUB socket (data-parallel rank 0)
+    replay_endpoint: str | None = None  # tcp://host:port of the ROUTER replay socket
+    topic: str = ""
 
 
 class NodeSpec(msgspec.Struct, frozen=True):
@@ -287,6 +308,7 @@ class NodeSpec(msgspec.Struct, frozen=True):
     kv_capacity_tokens: int
     state: NodeState
     labels: dict[str, str] = {}
+    kv_events: KVEventsSpec | None = None  # None: no events; the approximate index serves the node
 
 
 class ResidencyRule(msgspec.Struct, frozen=True):
@@ -464,6 +486,11 @@ class RequestRecord(msgspec.Struct, frozen=True):
     error: str | None = None
     cost: CostTerms | None = None
     runner_up: CostTerms | None = None
+    # The prefix index's prediction for the chosen node (what it says the node holds, before the
+    # trust discount that cost.matched_tokens carries), and whether it came from the node's KV
+    # events ("precise") or the approximate index; compare with cached_tokens.
+    prefix_index_mode: str | None = None
+    predicted_cached_tokens: int | None = None
     key_id: str | None = None  # the client key's public id (never its secret)
     priority: str | None = None  # the key's priority class
 
@@ -477,6 +504,26 @@ class GatewayLoad(msgspec.Struct, frozen=True):
     updated_at: float
     outstanding_requests: dict[int, int]
     outstanding_prefill_tokens: dict[int, int]
+
+
+class NodeKVState(msgspec.Struct, frozen=True):
+    """How one gateway indexes one node that publishes KV events."""
+
+    mode: Literal["precise", "approximate"]
+    lag_s: float | None = None  # age of the node's last event batch on arrival
+    blocks: int = 0
+    gaps: int = 0
+    received: int = 0
+
+
+class GatewayKVState(msgspec.Struct, frozen=True):
+    """One gateway's view of the nodes with KV events (for the dashboard), refreshed every 2 s."""
+
+    schema_version: int
+    gateway_id: str
+    region: str
+    updated_at: float
+    nodes: dict[int, NodeKVState]
 
 
 class PrefixUpdate(msgspec.Struct, frozen=True):
@@ -531,6 +578,7 @@ _VERSIONED = frozenset(
         RTTTable,
         RequestRecord,
         GatewayLoad,
+        GatewayKVState,
         PrefixUpdate,
         ClientKeySet,
         KeySetAnnouncement,

@@ -106,6 +106,9 @@ class PolicyStore:
             async with asyncio.timeout(_STARTUP_TIMEOUT_S):
                 await self.refresh_live()
                 await self.reload_policy()
+            # Redis just answered: say so now, not only once the listener has subscribed (a health
+            # check right after start would otherwise report a reachable Redis as down).
+            self.redis_connected = True
         except (TimeoutError, RedisError, OSError) as exc:
             logger.error("policy: Redis unreachable at start (%s); will keep trying", exc)
         self._tasks = [

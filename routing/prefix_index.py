@@ -132,8 +132,13 @@ class ApproxPrefixIndex:
 
     # ---- the gateway's hook (routing.prompt.PrefixIndex) ------------------------------------------
 
-    def match(self, node_ids: Sequence[int], prompt_text: str) -> dict[int, int]:
-        """Node id -> estimated cached prefix tokens, for the nodes that hold some of the prompt."""
+    def match(
+        self, node_ids: Sequence[int], prompt_text: str, prompt_ids: Sequence[int] | None = None
+    ) -> dict[int, int]:
+        """Node id -> estimated cached prefix tokens, for the nodes that hold some of the prompt.
+
+        Works on the text only; ``prompt_ids`` is for precise indexes (``routing.kv_index``).
+        """
         return self.match_hashes(self._hashes_for(prompt_text), node_ids, self._clock())
 
     def insert(self, node_id: int, prompt_text: str) -> None:

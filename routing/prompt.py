@@ -228,8 +228,13 @@ class PrefixIndex(Protocol):
     request path. ``routing.prefix_index.ApproxPrefixIndex`` is the production implementation.
     """
 
-    def match(self, node_ids: Sequence[int], prompt_text: str) -> dict[int, int]:
-        """Node id -> estimated cached prefix length in tokens, for the nodes given."""
+    def match(
+        self, node_ids: Sequence[int], prompt_text: str, prompt_ids: Sequence[int] | None = None
+    ) -> dict[int, int]:
+        """Node id -> estimated cached prefix length in tokens, for the nodes given.
+
+        ``prompt_ids``: the prompt's token ids, when the model has a tokenizer (precise matching).
+        """
         ...
 
     def insert(self, node_id: int, prompt_text: str) -> None:

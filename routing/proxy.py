@@ -53,6 +53,8 @@ from routing.prompt import (
 from routing.requestlog import RequestLog
 from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
+from routing.tokenization import PromptIds, Tokenizers
+from routing.tracing import GatewayTracing
 from routing.upstream import (
     ConnectFailed,
     ConnectTimeout,
@@ -86,11 +88,13 @@ class _Exchange:
         "key",
         "lease",
         "parsed",
+        "prediction",
         "prompt_tokens_est",
         "request_id",
         "response_started",
         "routing_s",
         "sent_s",
+        "span",
         "status",
         "stream",
         "table",
@@ -106,6 +110,7 @@ class _Exchange:
         self.request_id = ""
         self.parsed: ParsedRequest | None = None
         self.prompt_tokens_est = 0
+        self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
         self.decision: Decision | None = None
         self.lease: Lease | None = None
         self.routing_s = 0.0
@@ -121,6 +126,7 @@ class _Exchange:
         self.response_started = False
         self.key: ClientKeySpec | None = None
         self.grant: Grant | None = None  # what the front door granted the key
+        self.span = None  # the OpenTelemetry span, only while tracing is on
 
 
 class Proxy:
@@ -140,6 +146,8 @@ class Proxy:
         breakers: Breakers | None = None,
         admission: Admission | None = None,
         prober: NodeProber | None = None,
+        tracing: GatewayTracing | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self._config = config
         self._client = client
@@ -148,6 +156,7 @@ class Proxy:
         self._request_log = request_log
         self._metrics = metrics
         self._prefix_index = prefix_index
+        self._tokenizers = tokenizers
         self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self._region = config.region
         self._region_header = (b"X-Gorgo-Region", config.region.encode())
@@ -163,6 +172,7 @@ class Proxy:
         self._prober = prober
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hung_timers = FixedDelay(config.upstream_first_byte_timeout_s)
+        self._tracing = tracing
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         exchange = _Exchange(time.perf_counter(), time.time(), self._store.table)
@@ -188,6 +198,10 @@ class Proxy:
                 if front_door is not None:  # before the body: a stranger's body is not worth reading
                     exchange.key = front_door.authenticate(scanned)
                 body = await read_body(receive, scanned.content_length, self._max_body_bytes)
+                if self._tracing is not None:
+                    exchange.span = self._tracing.start(
+                        scope["headers"], headers, endpoint, body, exchange.ts
+                    )
                 if table is None:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
@@ -247,15 +261,20 @@ class Proxy:
         candidates: tuple[NodeSpec, ...],
         request: RoutingRequest,
         prompt_text: str,
+        prompt_ids: PromptIds | None = None,
     ) -> Decision:
         algorithm = table.algorithm
         # The index is only fed and asked while the policy uses it: a least_load gateway pays
         # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
         # and from the other gateways' shared insertions).
         uses_index = algorithm.needs_prefix_matches
-        matched = (
-            self._prefix_index.match(tuple(node.id for node in candidates), prompt_text) if uses_index else {}
-        )
+        node_ids = tuple(node.id for node in candidates)
+        if not uses_index:
+            matched: dict[int, int] = {}
+        elif prompt_ids is not None and prompt_ids.complete:
+            matched = self._prefix_index.match(node_ids, prompt_text, prompt_ids.ids)
+        else:
+            matched = self._prefix_index.match(node_ids, prompt_text)
         self._sequence += 1
         view = RoutingView(
             table.region,
@@ -272,6 +291,11 @@ class Proxy:
         if uses_index:
             self._prefix_index.insert(decision.node.id, prompt_text)
         return decision
+
+    def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
+        """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
+        wants = getattr(self._prefix_index, "wants_prompt_ids", None)
+        return wants is not None and wants(candidates)
 
     def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
         candidates = table.candidates.get(model)
@@ -324,19 +348,39 @@ class Proxy:
                 admission.claim(node.id)  # from here to the lease in _open: no await
                 with_room = (node,)
             candidates = with_room
+        routing_start_s = time.perf_counter()
+        # The prompt's token ids, when the model has a tokenizer and the policy uses the index
+        # (precise matching on KV events); their count is exact, unlike the estimate.
+        prompt_ids = (
+            self._tokenizers.prompt_ids(parsed.model, endpoint, body)
+            if self._tokenizers is not None
+            and table.algorithm.needs_prefix_matches
+            and self._wants_prompt_ids(candidates)
+            else None
+        )
+        if prompt_ids is not None and prompt_ids.complete:
+            exchange.prompt_tokens_est = len(prompt_ids.ids)
         prompt_tokens_est = exchange.prompt_tokens_est
         request = RoutingRequest(
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
-        routing_start_s = time.perf_counter()
         self._retry_budget.deposit()
-        decision = self._route(table, candidates, request, parsed.prompt_text)
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
 
         response = await self._open(
-            exchange, table, candidates, decision, request, parsed, path, encode_headers(headers), body
+            exchange,
+            table,
+            candidates,
+            decision,
+            request,
+            parsed,
+            path,
+            encode_headers(headers),
+            body,
+            prompt_ids,
         )
         try:
             await self._relay(send, exchange, table, response)
@@ -354,6 +398,7 @@ class Proxy:
         path: str,
         headers: bytes,
         body: bytes,
+        prompt_ids: PromptIds | None = None,
     ) -> UpstreamResponse:
         """Send the request to the chosen node; before any byte came back, retry on another.
 
@@ -370,6 +415,7 @@ class Proxy:
         while True:
             node = decision.node
             exchange.decision = decision
+            exchange.prediction = getattr(self._prefix_index, "last_prediction", None)
             exchange.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             exchange.sent_s = time.perf_counter()
             hung_watch = (
@@ -460,9 +506,11 @@ class Proxy:
             self._metrics.retry(kind)
             logger.warning("node %s failed before answering (%s); retrying", node.name, kind)
             if remaining:
-                decision = self._route(table, remaining, request, parsed.prompt_text)
+                decision = self._route(table, remaining, request, parsed.prompt_text, prompt_ids)
             else:
-                fresh = True  # the same node, on a new connection
+                # A keep-alive connection the node closed just as we reused it says nothing about
+                # the node; the only candidate gets one more try on a fresh connection.
+                fresh = True
 
     async def _relay(
         self, send: Send, exchange: _Exchange, table: RoutingTable, response: UpstreamResponse
@@ -505,6 +553,8 @@ class Proxy:
             exchange.bytes_out = len(data)
             if status == 200 and not response.content_encoded:
                 exchange.usage = parse_usage(data)
+            if exchange.span is not None:
+                self._tracing.answer(exchange.span, data, stream=False)
             return
 
         exchange.response_started = True
@@ -555,6 +605,8 @@ class Proxy:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if status == 200:
             exchange.usage = parse_stream_usage(tail)
+        if exchange.span is not None:
+            self._tracing.answer(exchange.span, tail, stream=True)
 
     async def _send_error(self, send: Send, exchange: _Exchange, error: GatewayError) -> None:
         exchange.status = error.status
@@ -609,6 +661,17 @@ class Proxy:
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
+            prediction = exchange.prediction
+            if (
+                prediction is not None
+                and details is not None
+                and details.cached_tokens is not None
+                and node is not None
+                and prediction[0] == node.id
+            ):
+                record = getattr(self._prefix_index, "record_outcome", None)
+                if record is not None:
+                    record(node.id, prediction[1], prediction[2], details.cached_tokens)
             if (
                 usage is not None
                 and usage.prompt_tokens
@@ -618,37 +681,40 @@ class Proxy:
             ):
                 # The index counts its chunks in tokens: it follows the estimate's ratio.
                 self._prefix_index.set_chars_per_token(self._chars_per_token.value)
-            self._request_log.submit(
-                RequestRecord(
-                    schema_version=SCHEMA_VERSION,
-                    request_id=exchange.request_id,
-                    ts=exchange.ts,
-                    gateway_region=self._region,
-                    gateway_id=self._config.gateway_id,
-                    model=parsed.model if parsed is not None else "",
-                    status=exchange.status,
-                    stream=exchange.stream,
-                    node_id=node.id if node is not None else None,
-                    node_region=node.region if node is not None else None,
-                    algorithm=table.snapshot.policy.algorithm if table is not None else None,
-                    policy_version=table.snapshot.version if table is not None else None,
-                    prompt_chars=parsed.prompt_chars if parsed is not None else 0,
-                    prompt_tokens_est=exchange.prompt_tokens_est,
-                    prompt_tokens=usage.prompt_tokens if usage is not None else None,
-                    cached_tokens=details.cached_tokens if details is not None else None,
-                    completion_tokens=usage.completion_tokens if usage is not None else None,
-                    routing_us=exchange.routing_s * 1e6,
-                    gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
-                    ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
-                    total_ms=total_s * 1000,
-                    bytes_out=exchange.bytes_out,
-                    error=exchange.error,
-                    cost=decision.cost if decision is not None else None,
-                    runner_up=decision.runner_up if decision is not None else None,
-                    key_id=exchange.key.id if exchange.key is not None else None,
-                    priority=exchange.key.priority if exchange.key is not None else None,
-                )
+            record = RequestRecord(
+                schema_version=SCHEMA_VERSION,
+                request_id=exchange.request_id,
+                ts=exchange.ts,
+                gateway_region=self._region,
+                gateway_id=self._config.gateway_id,
+                model=parsed.model if parsed is not None else "",
+                status=exchange.status,
+                stream=exchange.stream,
+                node_id=node.id if node is not None else None,
+                node_region=node.region if node is not None else None,
+                algorithm=table.snapshot.policy.algorithm if table is not None else None,
+                policy_version=table.snapshot.version if table is not None else None,
+                prompt_chars=parsed.prompt_chars if parsed is not None else 0,
+                prompt_tokens_est=exchange.prompt_tokens_est,
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                cached_tokens=details.cached_tokens if details is not None else None,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+                routing_us=exchange.routing_s * 1e6,
+                gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
+                ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
+                total_ms=total_s * 1000,
+                bytes_out=exchange.bytes_out,
+                error=exchange.error,
+                cost=decision.cost if decision is not None else None,
+                runner_up=decision.runner_up if decision is not None else None,
+                key_id=exchange.key.id if exchange.key is not None else None,
+                priority=exchange.key.priority if exchange.key is not None else None,
+                prefix_index_mode=prediction[1] if prediction is not None else None,
+                predicted_cached_tokens=prediction[2] if prediction is not None else None,
             )
+            self._request_log.submit(record)
+            if exchange.span is not None:
+                self._tracing.finish(exchange.span, record, node)
         except Exception:
             logger.exception("could not record request %s", exchange.request_id)
 

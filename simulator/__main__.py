@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="override an engine parameter of every node (repeatable), e.g. kv_capacity_blocks=4096",
     )
+    parser.add_argument(
+        "--kv-events-config",
+        action="append",
+        default=[],
+        metavar="[NODE=]JSON",
+        help="vLLM's --kv-events-config for NODE (repeatable; without NODE= when serving one node), "
+        'e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+    )
     parser.add_argument("--json", action="store_true", help="print the nodes as one JSON line")
     parser.add_argument(
         "--control-port",
@@ -85,11 +93,26 @@ def parse_engine_overrides(items: list[str]) -> dict[str, int | float]:
     return overrides
 
 
+def parse_kv_events_args(items: list[str], served: list[str]) -> dict[str, str]:
+    """``["NODE={...}", "{...}"]`` -> node name -> JSON; a bare JSON needs exactly one served node."""
+    configs: dict[str, str] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if sep and not name.lstrip().startswith("{"):
+            configs[name.strip()] = raw
+        elif len(served) == 1:
+            configs[served[0]] = item
+        else:
+            raise ValueError("--kv-events-config without NODE= needs exactly one node (use --only NODE)")
+    return configs
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         topology = load_topology(args.topology)
         only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
+        served = only if only is not None else [node.name for node in topology.nodes]
         fleet = Fleet.start(
             topology,
             host=args.host,
@@ -99,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_overrides=parse_engine_overrides(args.engine),
             time_scale=args.time_scale,
             region_ports=args.region_ports,
+            kv_events=parse_kv_events_args(args.kv_events_config, served),
         )
     except (TopologyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -134,7 +158,14 @@ def describe(fleet: Fleet) -> dict[str, Any]:
     """The fleet's nodes and their URLs, as ``--json`` prints them."""
     return {
         "nodes": [
-            {"name": n.name, "region": n.region, "url": n.url, "region_urls": dict(n.region_urls)}
+            {
+                "name": n.name,
+                "region": n.region,
+                "url": n.url,
+                "region_urls": dict(n.region_urls),
+                "kv_events_endpoint": n.kv_events_endpoint,
+                "kv_events_replay_endpoint": n.kv_events_replay_endpoint,
+            }
             for n in fleet.nodes.values()
         ]
     }

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 from array import array
 from collections import deque
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from enum import Enum
 from hashlib import blake2b
 
 from simulator.kv_cache import BlockEntry, KVBlockPool, extend_block_hashes
+from simulator.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event, Publisher
 from simulator.metrics import NodeMetrics
 from simulator.text import answer_pieces
 from simulator.tokenizer import token_id
@@ -141,13 +143,27 @@ class EngineDead(RuntimeError):
 class Engine:
     """One node's scheduler, KV cache and step loop."""
 
-    def __init__(self, params: EngineParams, metrics: NodeMetrics, *, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        params: EngineParams,
+        metrics: NodeMetrics,
+        *,
+        time_scale: float = 1.0,
+        publisher: Publisher | None = None,
+    ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.params = params
         self.metrics = metrics
         self.time_scale = time_scale
         self.pool = KVBlockPool(params.kv_capacity_blocks, params.block_size)
+        # The parent of every first block, random per engine start like vLLM's NONE_HASH: block
+        # hashes mean nothing outside this engine, so routers key blocks by their token ids.
+        self.hash_root = int.from_bytes(os.urandom(8), "little")
+        self.publisher = publisher
+        self._kv_events: list[Event] = []
+        if publisher is not None:
+            self.pool.evicted = []
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.steps = 0
@@ -258,6 +274,7 @@ class Engine:
                 await asyncio.sleep(max(0.0, step_end - loop.time()))
                 now = loop.time()
                 self._complete_step(batch, now)
+                self._publish_kv_events()
                 self.steps += 1
                 step_start = step_end if now - step_end < MAX_STEP_LAG_S else now
         except asyncio.CancelledError:
@@ -340,7 +357,9 @@ class Engine:
         num_tokens = len(request.token_ids)
         # At least the last token is always computed, so at most num_tokens - 1 can be hits.
         max_hit_blocks = (num_tokens - 1) // block_size
-        extend_block_hashes(request.block_hashes, request.token_ids, block_size, max_hit_blocks)
+        extend_block_hashes(
+            request.block_hashes, request.token_ids, block_size, max_hit_blocks, self.hash_root
+        )
         matched_blocks = self.pool.match_prefix(request.block_hashes, max_hit_blocks)
         matched = request.block_hashes[:matched_blocks]
         hit_tokens = matched_blocks * block_size
@@ -390,13 +409,62 @@ class Engine:
         num_full = request.num_computed_tokens // block_size
         if num_full <= request.num_published_blocks:
             return
-        extend_block_hashes(request.block_hashes, request.token_ids, block_size, num_full)
+        extend_block_hashes(request.block_hashes, request.token_ids, block_size, num_full, self.hash_root)
+        run_start = -1  # first block of the current run of newly cached blocks (one BlockStored each)
         for index in range(request.num_published_blocks, num_full):
+            published = False
             if request.blocks[index] is None:
                 block_hash = request.block_hashes[index]
                 if self.pool.publish(block_hash):
                     request.blocks[index] = block_hash
+                    published = True
+            if published and run_start < 0:
+                run_start = index
+            elif not published and run_start >= 0:
+                self._note_stored(request, run_start, index)
+                run_start = -1
+        if run_start >= 0:
+            self._note_stored(request, run_start, num_full)
         request.num_published_blocks = num_full
+
+    def _note_stored(self, request: SimRequest, start: int, end: int) -> None:
+        """Record a BlockStored for blocks [start, end) of a request (when events are published)."""
+        if self.publisher is None:
+            return
+        block_size = self.params.block_size
+        self._kv_events.append(
+            BlockStored(
+                block_hashes=tuple(request.block_hashes[start:end]),
+                parent_block_hash=request.block_hashes[start - 1] if start > 0 else None,
+                token_ids=tuple(request.token_ids[start * block_size : end * block_size]),
+                block_size=block_size,
+            )
+        )
+
+    def _publish_kv_events(self) -> None:
+        """One batch per engine step, as vLLM: evictions made while scheduling, then new blocks."""
+        publisher = self.publisher
+        if publisher is None:
+            return
+        events: list[Event] = []
+        evicted = self.pool.evicted
+        if evicted:
+            events.append(BlockRemoved(tuple(evicted)))
+            evicted.clear()
+        if self._kv_events:
+            events.extend(self._kv_events)
+            self._kv_events.clear()
+        if events:
+            publisher.publish(events)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``/reset_prefix_cache``); False while requests run."""
+        if not self.pool.reset():
+            return False
+        if self.publisher is not None:
+            self._publish_kv_events()
+            self.publisher.publish([AllBlocksCleared()])
+        return True
 
     def _complete_step(self, batch: list[_Scheduled], now: float) -> None:
         metrics = self.metrics

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
 from simulator.server import SimNode
 from simulator.topology import Topology, TopologyError
 
@@ -40,6 +41,7 @@ class Fleet:
         node_engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         time_scale: float = 1.0,
         region_ports: bool = False,
+        kv_events: Mapping[str, KVEventsConfig | str | Mapping[str, Any]] | None = None,
     ) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
@@ -56,6 +58,9 @@ class Fleet:
         unknown = sorted(set(node_engine_overrides or {}) - set(names))
         if unknown:
             raise TopologyError(f"engine overrides for unknown node(s) {unknown}")
+        unknown = sorted(set(kv_events or {}) - set(names))
+        if unknown:
+            raise TopologyError(f"kv_events_config for unknown node(s) {unknown}")
         self.nodes: dict[str, SimNode] = {}
         for spec in topology.nodes:
             if spec.name not in selected:
@@ -63,8 +68,17 @@ class Fleet:
             params = spec.engine.with_overrides(engine_overrides).with_overrides(
                 (node_engine_overrides or {}).get(spec.name)
             )
+            events = spec.kv_events
+            if kv_events and spec.name in kv_events:
+                raw = kv_events[spec.name]
+                try:
+                    events = raw if isinstance(raw, KVEventsConfig) else parse_kv_events_config(raw)
+                except KVEventsConfigError as exc:
+                    raise TopologyError(f"node {spec.name}: {exc}") from None
+            if events is not None and (auto_ports or port_offset):
+                events = _shift_ports(events, 0 if auto_ports else port_offset, auto=auto_ports)
             self.nodes[spec.name] = SimNode(
-                dataclasses.replace(spec, engine=params), topology, time_scale=time_scale
+                dataclasses.replace(spec, engine=params, kv_events=events), topology, time_scale=time_scale
             )
 
     @classmethod
@@ -127,3 +141,19 @@ class Fleet:
         else:
             port = 0 if self.auto_ports else node.spec.port + self._port_offset
         await node.start(self._host or node.spec.host, port, region_ports=self.region_ports)
+
+
+def _shift_ports(config: KVEventsConfig, offset: int, *, auto: bool) -> KVEventsConfig:
+    """The events' ports follow the HTTP ports: free ones with ``auto_ports``, else shifted."""
+
+    def shift(endpoint: str | None) -> str | None:
+        if endpoint is None:
+            return None
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{0 if auto or int(port) == 0 else int(port) + offset}"
+
+    return dataclasses.replace(
+        config,
+        endpoint=shift(config.endpoint) or config.endpoint,
+        replay_endpoint=shift(config.replay_endpoint),
+    )

@@ -33,10 +33,13 @@ def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
 
 
 def extend_block_hashes(
-    hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int
+    hashes: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int, root_hash: int = 0
 ) -> None:
-    """Append chained hashes to ``hashes`` until it covers the first ``num_blocks`` full blocks."""
-    parent = hashes[-1] if hashes else 0
+    """Append chained hashes to ``hashes`` until it covers the first ``num_blocks`` full blocks.
+
+    ``root_hash`` is the parent of the first block (vLLM's ``NONE_HASH``: random per engine start).
+    """
+    parent = hashes[-1] if hashes else root_hash
     for index in range(len(hashes), num_blocks):
         start = index * block_size
         parent = hash_block(parent, token_ids[start : start + block_size])
@@ -46,7 +49,15 @@ def extend_block_hashes(
 class KVBlockPool:
     """The blocks of one engine's KV cache: which are referenced, cached and evictable."""
 
-    __slots__ = ("_evictable", "_free_unhashed", "_refcount", "block_size", "num_blocks", "num_used")
+    __slots__ = (
+        "_evictable",
+        "_free_unhashed",
+        "_refcount",
+        "block_size",
+        "evicted",
+        "num_blocks",
+        "num_used",
+    )
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
@@ -55,6 +66,8 @@ class KVBlockPool:
         self._free_unhashed = num_blocks
         self._refcount: dict[int, int] = {}  # every cached block hash -> references (0: evictable)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
+        # Hashes evicted since the engine last looked (for KV events); None: nobody listens.
+        self.evicted: list[int] | None = None
 
     @property
     def usage(self) -> float:
@@ -107,6 +120,8 @@ class KVBlockPool:
         for _ in range(num_new - from_free):
             evicted, _none = self._evictable.popitem(last=False)
             del self._refcount[evicted]
+            if self.evicted is not None:
+                self.evicted.append(evicted)
         self.num_used += num_new
         return [None] * num_new
 
@@ -135,3 +150,12 @@ class KVBlockPool:
             if count == 0:
                 evictable[entry] = None
                 self.num_used -= 1
+
+    def reset(self) -> bool:
+        """Drop every cached block (vLLM's ``reset_prefix_cache``); refused while blocks are in use."""
+        if self.num_used:
+            return False
+        self._refcount.clear()
+        self._evictable.clear()
+        self._free_unhashed = self.num_blocks
+        return True

@@ -17,6 +17,7 @@ set the header, such as another router, reaches the node "from" R through ``url_
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from simulator.engine import ENGINE_DEAD, Engine, EngineDead, SimRequest
+from simulator.kv_events import Publisher
 from simulator.metrics import NodeMetrics
 from simulator.protocol import (
     ChatCompletionRequest,
@@ -42,6 +44,10 @@ from simulator.protocol import (
 from simulator.tokenizer import VOCAB_SIZE, render_chat, tokenize, tokenize_completion_prompt
 from simulator.topology import NodeSpec, Topology
 from simulator.wan import REGION_HEADER, WANEmulator
+
+# Like a traced vLLM, a node sees the W3C trace context its caller sends; it logs it (DEBUG) so a
+# test or an operator can follow a trace from gateway to node.
+trace_log = logging.getLogger("simulator.trace")
 
 NODE_HEADER = "x-gorgo-sim-node"
 _OUT_DELAY_KEY = web.RequestKey("gorgo_out_delay_s", float)
@@ -72,6 +78,13 @@ class SimNode:
         self.wan = WANEmulator(topology, spec.name, spec.region, time_scale=time_scale)
         self.engine: Engine | None = None
         self.metrics: NodeMetrics | None = None
+        # vLLM's KV-event publisher, when the node's kv_events_config enables it; kept across
+        # restarts so a restarted node publishes on the same ports (from sequence 0, new hashes).
+        self.publisher: Publisher | None = (
+            Publisher(spec.kv_events, spec.host)
+            if spec.kv_events is not None and spec.kv_events.enabled
+            else None
+        )
         self.started_at = int(time.time())
         self._runner: web.AppRunner | None = None
 
@@ -110,7 +123,9 @@ class SimNode:
             block_size=params.block_size,
             num_gpu_blocks=params.kv_capacity_blocks,
         )
-        self.engine = Engine(params, self.metrics, time_scale=self.time_scale)
+        if self.publisher is not None:
+            self.publisher.start(host)
+        self.engine = Engine(params, self.metrics, time_scale=self.time_scale, publisher=self.publisher)
         self.engine.start()
         self.started_at = int(time.time())
         app = web.Application(middlewares=[self._wan_middleware], client_max_size=CLIENT_MAX_SIZE_BYTES)
@@ -122,6 +137,7 @@ class SimNode:
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
         app.router.add_post("/v1/completions/render", self._render_completion)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         # handler_cancellation: a client that hangs up cancels its handler, which aborts the
         # request in the engine and frees its KV blocks, as vLLM does.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -138,6 +154,8 @@ class SimNode:
         except BaseException:
             await runner.cleanup()
             await self.engine.stop()
+            if self.publisher is not None:
+                await self.publisher.stop()
             raise
         self._runner = runner
         self.host = host
@@ -152,6 +170,8 @@ class SimNode:
         """Stop abruptly: requests in flight lose their connection, as when vLLM dies."""
         if self.engine is not None:
             await self.engine.stop()
+        if self.publisher is not None:
+            await self.publisher.stop()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -190,6 +210,31 @@ class SimNode:
         if self.engine is None or not self.engine.alive:
             return web.Response(status=503)
         return web.Response(status=200)
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /reset_prefix_cache``: drop every cached block (AllBlocksCleared event)."""
+        if self.engine is None or not self.engine.alive:
+            return error_response(
+                RequestError("The engine is not running.", status=503, err_type="ServiceUnavailableError")
+            )
+        if not self.engine.reset_prefix_cache():
+            return error_response(
+                RequestError(
+                    "Cannot reset the prefix cache while requests are running.",
+                    status=409,
+                    err_type="ConflictError",
+                )
+            )
+        return web.Response(status=200)
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """The bound ZMQ PUB endpoint of the node's KV events (None without events)."""
+        return self.publisher.endpoint if self.publisher is not None else None
+
+    @property
+    def kv_events_replay_endpoint(self) -> str | None:
+        return self.publisher.replay_endpoint if self.publisher is not None else None
 
     async def _metrics(self, request: web.Request) -> web.Response:
         assert self.metrics is not None
@@ -288,6 +333,9 @@ class SimNode:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         engine = self.engine
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None:
+            trace_log.debug("%s traceparent=%s", self.name, traceparent)
         try:
             body = await request.read()
             parsed: ChatCompletionRequest | CompletionRequest

@@ -11,18 +11,23 @@ Rules (documented in docs/simulator.md):
 3. Letter runs longer than ``MAX_LETTERS_PER_TOKEN`` are split into chunks of that size, which
    is what a byte-pair vocabulary does to rare long words. English prose comes out near 1.3
    tokens per word.
-4. A piece's id is a stable hash (BLAKE2b, not Python's salted ``hash()``) into Llama-3's
-   128,000 regular ids, so ids are the same in every process and run.
+4. A piece's id comes from the vocabulary of the emulated model's ``tokenizer.json``
+   (``simulator/model_files/``, written by ``simulator.model_files``: every piece the emulated
+   model and the workloads produce) so a Hugging Face tokenizer loaded from that file gives the
+   same ids; any other piece gets a stable hash (BLAKE2b, not Python's salted ``hash()``) into
+   Llama-3's 128,000 regular ids. Either way ids are the same in every process and run.
 
 ``render_chat`` renders chat messages through a Llama-3-style template before tokenizing.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from hashlib import blake2b
+from pathlib import Path
 
 VOCAB_SIZE = 128_256
 REGULAR_VOCAB_SIZE = 128_000
@@ -46,9 +51,36 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(token) for token in SPECIAL_TO
 _PIECE_RE = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?(?:[^\w\s]|_)+|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+_TOKENIZER_JSON = Path(__file__).resolve().parent / "model_files" / "tokenizer.json"
+
+
+def _load_vocab() -> dict[str, int]:
+    try:
+        with _TOKENIZER_JSON.open(encoding="utf-8") as handle:
+            vocab = json.load(handle)["model"]["vocab"]
+    except FileNotFoundError:  # while simulator.model_files writes it for the first time
+        return {}
+    vocab.pop("[UNK]", None)
+    for special in (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ):
+        vocab.pop(special, None)  # never a piece: split out before pieces are cut
+    return vocab
+
+
+_VOCAB: dict[str, int] = _load_vocab()
+
+
 @lru_cache(maxsize=1 << 16)
 def token_id(piece: str) -> int:
-    """The stable id of one text piece."""
+    """The stable id of one text piece: its id in the emulated vocabulary, else a hash."""
+    known = _VOCAB.get(piece)
+    if known is not None:
+        return known
     digest = blake2b(piece.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") % REGULAR_VOCAB_SIZE
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
+
 DEFAULT_TOPOLOGY_PATH = Path(__file__).resolve().parent / "topologies" / "default.toml"
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -104,6 +106,8 @@ class NodeSpec:
     engine: EngineParams
     gpu_type: str = "H100-80GB"
     gpu_count: int = 1
+    # vLLM's --kv-events-config for this node (None: no events, as vLLM's default)
+    kv_events: KVEventsConfig | None = None
 
     @property
     def url(self) -> str:
@@ -176,7 +180,17 @@ _FLEET_KEYS = {"name", "seed", "model", "host", "gpu_type"}
 _NETWORK_KEYS = {"intra_region_rtt_ms", "intra_region_jitter_ms", "jitter_ms", "links"}
 _LINK_KEYS = {"a", "b", "rtt_ms", "jitter_ms"}
 _REGION_KEYS = {"slug", "name", "latitude", "longitude"}
-_NODE_KEYS = {"name", "region", "host", "port", "model", "engine", "gpu_type", "gpu_count"}
+_NODE_KEYS = {
+    "name",
+    "region",
+    "host",
+    "port",
+    "model",
+    "engine",
+    "gpu_type",
+    "gpu_count",
+    "kv_events_config",
+}
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -308,6 +322,12 @@ def _node(
     gpu_count = raw.get("gpu_count", 1)
     if not isinstance(gpu_count, int) or gpu_count < 1:
         raise TopologyError(f"{where}.gpu_count must be a positive integer")
+    kv_events = None
+    if "kv_events_config" in raw:
+        try:
+            kv_events = parse_kv_events_config(raw["kv_events_config"])
+        except KVEventsConfigError as exc:
+            raise TopologyError(f"{where}.{exc}") from None
     engine_raw = raw.get("engine", {})
     if not isinstance(engine_raw, Mapping):
         raise TopologyError(f"{where}.engine must be a table")
@@ -320,6 +340,7 @@ def _node(
         engine=_engine(engine_raw, default_engine, f"{where}.engine"),
         gpu_type=_str(raw.get("gpu_type", default_gpu), f"{where}.gpu_type"),
         gpu_count=gpu_count,
+        kv_events=kv_events,
     )
 
 

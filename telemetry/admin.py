@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from telemetry.models import HealthEvent, MetricSample, NodeHealth, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    NodeHealth,
+    RequestAggregate,
+    RTTSample,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -62,4 +69,23 @@ class RequestAggregateAdmin(ReadOnlyAdmin):
     list_display = ["bucket_start", "resolution", "scope", "node", "region", "count", "errors", "ttft_p50_ms"]
     list_filter = ["resolution", "scope"]
     list_select_related = ["node", "region"]
+    date_hierarchy = "bucket_start"
+
+
+@admin.register(KeyUsageAggregate)
+class KeyUsageAggregateAdmin(ReadOnlyAdmin):
+    list_display = [
+        "bucket_start",
+        "resolution",
+        "key_id",
+        "team",
+        "priority",
+        "count",
+        "errors_4xx",
+        "errors_5xx",
+        "limited",
+        "ttft_p50_ms",
+    ]
+    list_filter = ["resolution", "priority", "team"]
+    search_fields = ["key_id", "team"]
     date_hierarchy = "bucket_start"

@@ -46,6 +46,8 @@ from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
 from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
 from telemetry.groups import Breakdown
+from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
+from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate
 
@@ -53,33 +55,8 @@ log = logging.getLogger(__name__)
 
 TOLERANCE_ABS_MS = 25.0
 TOLERANCE_REL = 0.10
-# TTFT histogram of a bucket: bin i holds values in (BIN_BASE_MS * GROWTH**(i-1), BIN_BASE_MS * GROWTH**i].
-# 5 % wide bins: quantiles within 2.5 %, a bucket's histogram stays a few hundred entries at most.
-BIN_BASE_MS = 0.1
-BIN_GROWTH = 1.05
 CLAIM_IDLE_MS = 60_000
 NODE_STATS_WINDOW_S = 300.0
-
-
-def ttft_bin(ttft_ms: float) -> int:
-    if ttft_ms <= BIN_BASE_MS:
-        return 0
-    return math.ceil(math.log(ttft_ms / BIN_BASE_MS) / math.log(BIN_GROWTH) - 1e-9)
-
-
-def histogram_quantile_ms(histogram: dict[str, int], q: float) -> float | None:
-    """The q-quantile of a log-bucketed histogram (geometric middle of the bin it falls in)."""
-    bins = sorted((int(index), count) for index, count in histogram.items() if count > 0)
-    total = sum(count for _, count in bins)
-    if total == 0:
-        return None
-    rank, seen = q * total, 0
-    for index, count in bins:
-        seen += count
-        if seen >= rank:
-            upper = BIN_BASE_MS * BIN_GROWTH**index
-            return round(upper / math.sqrt(BIN_GROWTH) if index > 0 else upper, 3)
-    return None
 
 
 def breakdown_of(row: RequestAggregate) -> Breakdown | None:
@@ -272,6 +249,7 @@ def apply_batch(entries: list[tuple[str, RequestRecord | None]], rtt: RTTTable |
         deltas = _deltas(contributions(records, rtt), records)
         for key, delta in deltas.items():
             _apply_delta(key, delta)
+        add_key_usage(records)
     return BatchResult(added=len(fresh), duplicates=len(seen), malformed=malformed, touched=tuple(deltas))
 
 
@@ -324,9 +302,7 @@ def _apply_delta(key: BucketKey, delta: BucketDelta) -> RequestAggregate:
     row = RequestAggregate.objects.select_for_update().filter(**lookup).first() or RequestAggregate(**lookup)
     for name in SUMMED_FIELDS:
         setattr(row, name, getattr(row, name) + getattr(delta, name))
-    histogram = dict(row.ttft_histogram or {})
-    for index, count in delta.ttft_histogram.items():
-        histogram[index] = histogram.get(index, 0) + count
+    histogram = add_to_histogram(dict(row.ttft_histogram or {}), delta.ttft_histogram)
     row.ttft_histogram = histogram
     row.ttft_p50_ms = histogram_quantile_ms(histogram, 0.5)
     row.ttft_p90_ms = histogram_quantile_ms(histogram, 0.9)

@@ -9,3 +9,7 @@ class TelemetryConfig(AppConfig):
     name = "telemetry"
     label = "telemetry"
     verbose_name = "Telemetry"
+
+    def ready(self) -> None:
+        # Node health, the RTT matrix and task lag on the control plane's /metrics.
+        from telemetry import exporter  # noqa: F401

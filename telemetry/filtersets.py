@@ -15,8 +15,9 @@ from django import forms
 from django.utils.dateparse import parse_datetime
 
 from controlplane.fleet.models import Node, Region
+from controlplane.keys.choices import PriorityChoices
 from telemetry.choices import ResolutionChoices, ScopeChoices
-from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
 
 TIME_HELP = "ISO 8601 date-time (e.g. 2026-01-01T12:00:00Z) or unix seconds."
 
@@ -133,5 +134,29 @@ class RequestAggregateFilterSet(TimeRangeFilterSet):
 
     class Meta:
         model = RequestAggregate
+        fields: list[str] = []
+        form = TimeRangeForm
+
+
+class KeyUsageFilterSet(django_filters.FilterSet):
+    """Buckets of one key (``key``: its public id, also of a deleted key), of a team, of a priority class."""
+
+    since = TimestampFilter(
+        field_name="bucket_start", lookup_expr="gte", label=f"Buckets starting at or after. {TIME_HELP}"
+    )
+    until = TimestampFilter(
+        field_name="bucket_start", lookup_expr="lt", label=f"Buckets starting before. {TIME_HELP}"
+    )
+    resolution = django_filters.ChoiceFilter(
+        choices=ResolutionChoices.choices, label="Bucket width: 10s or 1m."
+    )
+    key = django_filters.CharFilter(
+        field_name="key_id", max_length=16, label="Client key id (the public id, e.g. 3f9a1c2e)."
+    )
+    team = django_filters.CharFilter(field_name="team", max_length=100, label="The keys' team (exact).")
+    priority = django_filters.ChoiceFilter(choices=PriorityChoices.choices, label="Priority class.")
+
+    class Meta:
+        model = KeyUsageAggregate
         fields: list[str] = []
         form = TimeRangeForm

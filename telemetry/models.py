@@ -239,3 +239,78 @@ class ProcessedRequestEntry(models.Model):
 
     def __str__(self) -> str:
         return self.stream_id
+
+
+class KeyUsageAggregate(models.Model):
+    """Finished requests of one time bucket made with one client key (and priority class).
+
+    Sums like ``RequestAggregate``, read per key or summed per team. ``key_id`` is the key's public
+    id as the gateway logged it (never its secret), kept even after the key is deleted; ``team`` is
+    the key's team when the requests were aggregated. Status classes: ``errors_4xx`` (refused by
+    the gateway or the node: bad input, auth, limits, client gone), ``errors_5xx`` (the fleet
+    failed: a 5xx, or a stream that broke after its 2xx); of the 4xx, ``limited`` are 429s (rate
+    limits) and ``refused`` are 401/403s (key not valid, model or region not allowed).
+    """
+
+    resolution = models.CharField(max_length=4, choices=ResolutionChoices.choices)
+    bucket_start = models.DateTimeField()
+    key_id = models.CharField(max_length=16, help_text="The client key's public id.")
+    client_key = models.ForeignKey(
+        "keys.ClientKey",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="usage_aggregates",
+        help_text="Empty when the key was deleted (or unknown when aggregated).",
+    )
+    team = models.CharField(max_length=100, blank=True, help_text="The key's team when aggregated.")
+    priority = models.CharField(
+        max_length=16, blank=True, help_text="Priority class the gateway applied (interactive, batch)."
+    )
+    count = models.PositiveIntegerField(default=0)
+    errors_4xx = models.PositiveIntegerField(default=0)
+    errors_5xx = models.PositiveIntegerField(default=0)
+    limited = models.PositiveIntegerField(default=0, help_text="429: over a rate limit or queue.")
+    refused = models.PositiveIntegerField(default=0, help_text="401/403: key or model/region refused.")
+    prompt_tokens = models.PositiveBigIntegerField(
+        default=0, help_text="The node's usage, else the gateway's estimate."
+    )
+    completion_tokens = models.PositiveBigIntegerField(default=0, help_text="From the node's usage.")
+    cached_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens the node had cached.")
+    usage_count = models.PositiveIntegerField(default=0, help_text="Records that carried the node's usage.")
+    ttft_count = models.PositiveIntegerField(default=0)
+    ttft_sum_ms = models.FloatField(default=0.0)
+    ttft_histogram = models.JSONField(default=dict, blank=True, help_text="Log-bucketed TTFT counts.")
+    ttft_p50_ms = models.FloatField(null=True, blank=True)
+    ttft_p99_ms = models.FloatField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-bucket_start", "key_id", "priority"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["resolution", "key_id", "priority", "bucket_start"],
+                name="telemetry_key_usage_unique_bucket",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["resolution", "bucket_start"], name="telemetry_keyuse_res_ts"),
+            models.Index(fields=["key_id", "resolution", "bucket_start"], name="telemetry_keyuse_key_ts"),
+            models.Index(fields=["team", "resolution", "bucket_start"], name="telemetry_keyuse_team_ts"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.resolution} key {self.key_id} at {self.bucket_start:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def errors(self) -> int:
+        return self.errors_4xx + self.errors_5xx
+
+    @property
+    def error_rate(self) -> float | None:
+        """(4xx + 5xx) / count."""
+        return _ratio(self.errors, self.count)
+
+    @property
+    def ttft_mean_ms(self) -> float | None:
+        return round(self.ttft_sum_ms / self.ttft_count, 3) if self.ttft_count else None

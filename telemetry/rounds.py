@@ -37,6 +37,7 @@ from telemetry.live import (
 from telemetry.metrics import MetricsInterval, MetricsParseError, Scrape, interval_between, parse_metrics
 from telemetry.models import (
     HealthEvent,
+    KeyUsageAggregate,
     MetricSample,
     NodeHealth,
     ProcessedRequestEntry,
@@ -321,6 +322,12 @@ def prune(
             resolution=ResolutionChoices.TEN_SECONDS, bucket_start__lt=raw_cutoff
         ),
         "aggregates_1m": RequestAggregate.objects.filter(
+            resolution=ResolutionChoices.ONE_MINUTE, bucket_start__lt=rollup_cutoff
+        ),
+        "key_usage_10s": KeyUsageAggregate.objects.filter(
+            resolution=ResolutionChoices.TEN_SECONDS, bucket_start__lt=raw_cutoff
+        ),
+        "key_usage_1m": KeyUsageAggregate.objects.filter(
             resolution=ResolutionChoices.ONE_MINUTE, bucket_start__lt=rollup_cutoff
         ),
         "health_events": HealthEvent.objects.filter(ts__lt=rollup_cutoff),

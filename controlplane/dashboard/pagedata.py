@@ -17,6 +17,7 @@ import msgspec
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from controlplane.policies import publishing
+from routing.contract import GatewayKVState, UnknownSchemaVersion, decode
 from telemetry import live as telemetry_live
 from telemetry.choices import HealthChoices
 from telemetry.models import NodeHealth
@@ -75,17 +76,64 @@ def active_policy() -> dict[str, Any] | None:
     }
 
 
+# A gateway's report older than this is ignored (it reports every 2 s; it may have stopped).
+KV_STATE_STALE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class KVIndexState:
+    """How the gateways index one node's prefix cache: from its KV events or approximately."""
+
+    mode: str  # "precise" (every reporting gateway), "approximate" (none), "mixed"
+    lag_s: float | None  # the largest event lag any gateway saw
+    blocks: int  # blocks the index holds for it (largest over gateways)
+    gateways: int
+
+
+def kv_index_states() -> dict[int, KVIndexState]:
+    """Node id -> the fresh gateways' view of it, for nodes that publish KV events ({} if Redis is down)."""
+    try:
+        raw = redis_client().hgetall(redis_keys().kv_state)
+    except Exception as exc:  # the page renders without it
+        log.warning("cannot read the gateways' KV-index state: %s", exc)
+        return {}
+    now = time.time()
+    views: dict[int, list[Any]] = {}
+    for value in raw.values():
+        try:
+            report = decode(value, GatewayKVState)
+        except (UnknownSchemaVersion, msgspec.ValidationError, msgspec.DecodeError):
+            continue
+        if now - report.updated_at > KV_STATE_STALE_S:
+            continue
+        for node_id, state in report.nodes.items():
+            views.setdefault(node_id, []).append(state)
+    result: dict[int, KVIndexState] = {}
+    for node_id, states in views.items():
+        modes = {state.mode for state in states}
+        lags = [state.lag_s for state in states if state.lag_s is not None]
+        result[node_id] = KVIndexState(
+            mode=modes.pop() if len(modes) == 1 else "mixed",
+            lag_s=max(lags) if lags else None,
+            blocks=max(state.blocks for state in states),
+            gateways=len(states),
+        )
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRow:
     """A row of the nodes table, before the live columns are filled in by the page."""
 
     node: Node
     health: str
+    kv_index: KVIndexState | None = None  # None: no gateway subscribes to its KV events
 
 
 def node_rows() -> list[NodeRow]:
     health = _health_by_node()
+    kv_states = kv_index_states()
     return [
-        NodeRow(node=node, health=health.get(node.pk, HealthChoices.UNKNOWN))
+        NodeRow(node=node, health=health.get(node.pk, HealthChoices.UNKNOWN), kv_index=kv_states.get(node.pk))
         for node in Node.objects.select_related("region").order_by("region__slug", "name")
     ]

@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from telemetry.aggregation import SUMMED_FIELDS, breakdown_of, histogram_quantile_ms
+from controlplane.keys.models import ClientKey
+from telemetry.aggregation import SUMMED_FIELDS, breakdown_of
 from telemetry.choices import ScopeChoices
-from telemetry.models import MetricSample, RequestAggregate
+from telemetry.histogram import add_to_histogram, histogram_quantile_ms
+from telemetry.keyusage import KEY_USAGE_SUMMED_FIELDS
+from telemetry.models import KeyUsageAggregate, MetricSample, RequestAggregate
 
 COMPONENTS = ("gateway", "network", "queue", "prefill", "other")
 HEADLINE_WINDOW_S = 60
@@ -282,5 +285,105 @@ def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
                 "count": m.count,
             }
             for key, m in routed.items()
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Client-key usage
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KeyUsage:
+    """Key-usage buckets added together: telemetry's sums (``KEY_USAGE_SUMMED_FIELDS``) and the TTFT histogram."""
+
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KEY_USAGE_SUMMED_FIELDS, 0))
+    histogram: dict[str, int] = field(default_factory=dict)
+
+    def add(self, row: dict[str, Any]) -> None:
+        for name in KEY_USAGE_SUMMED_FIELDS:
+            self.sums[name] += row[name] or 0
+        add_to_histogram(self.histogram, row["ttft_histogram"] or {})
+
+    def summary(self) -> dict[str, Any]:
+        sums = self.sums
+        count = int(sums["count"])
+        errors = int(sums["errors_4xx"] + sums["errors_5xx"])
+        return {
+            **{name: int(sums[name]) for name in KEY_USAGE_SUMMED_FIELDS if name != "ttft_sum_ms"},
+            "errors": errors,
+            "error_rate": round(errors / count, 4) if count else None,
+            "ttft_mean_ms": round(sums["ttft_sum_ms"] / sums["ttft_count"], 3)
+            if sums["ttft_count"]
+            else None,
+            "ttft_p50_ms": histogram_quantile_ms(self.histogram, 0.5),
+            "ttft_p99_ms": histogram_quantile_ms(self.histogram, 0.99),
+        }
+
+
+def key_usage(window: Window, now_s: float | None = None) -> dict[str, Any]:
+    """Per client key and per team over the window: requests, errors (4xx/5xx), limited/refused,
+    tokens, TTFT p50/p99; and per team, requests and tokens per step. Two queries, whatever the
+    number of keys (the buckets, the keys' names). Keys are named by their public id, never a secret."""
+    now_s = time.time() if now_s is None else now_s
+    since_s = now_s - window.seconds
+    per_key: dict[str, KeyUsage] = defaultdict(KeyUsage)
+    per_team: dict[str, KeyUsage] = defaultdict(KeyUsage)
+    key_info: dict[str, dict[str, Any]] = {}
+    team_keys: dict[str, set[str]] = defaultdict(set)
+    steps: dict[str, dict[float, KeyUsage]] = defaultdict(lambda: defaultdict(KeyUsage))
+    rows = (
+        KeyUsageAggregate.objects.filter(
+            resolution=window.resolution,
+            bucket_start__gte=_dt(since_s),
+            bucket_start__lt=_dt(now_s + window.step_s),
+        )
+        .order_by("bucket_start")
+        .values("key_id", "team", "priority", "bucket_start", "ttft_histogram", *KEY_USAGE_SUMMED_FIELDS)
+        .iterator(chunk_size=2000)
+    )
+    for row in rows:
+        key_id, team = row["key_id"], row["team"]
+        per_key[key_id].add(row)
+        per_team[team].add(row)
+        team_keys[team].add(key_id)
+        info = key_info.setdefault(key_id, {"team": team, "priorities": set()})
+        info["team"] = team  # the latest bucket's team (rows come oldest first)
+        if row["priority"]:
+            info["priorities"].add(row["priority"])
+        step_start = (row["bucket_start"].timestamp() // window.step_s) * window.step_s
+        steps[team][step_start].add(row)
+    names = dict(ClientKey.objects.filter(key_id__in=list(per_key)).values_list("key_id", "name"))
+    keys = [
+        {
+            "key_id": key_id,
+            "name": names.get(key_id),  # None: the key was deleted
+            "team": key_info[key_id]["team"],
+            "priorities": sorted(key_info[key_id]["priorities"]),
+            **usage.summary(),
+        }
+        for key_id, usage in per_key.items()
+    ]
+    teams = [
+        {"team": team, "keys": len(team_keys[team]), **usage.summary()} for team, usage in per_team.items()
+    ]
+    return {
+        "now": now_s,
+        "window": window.key,
+        "step_s": window.step_s,
+        "keys": sorted(keys, key=lambda item: (-item["count"], item["name"] or "", item["key_id"])),
+        "teams": sorted(teams, key=lambda item: (-item["count"], item["team"])),
+        "series": {
+            team: [
+                {
+                    "t": t,
+                    "count": int(u.sums["count"]),
+                    "errors": int(u.sums["errors_4xx"] + u.sums["errors_5xx"]),
+                    "tokens": int(u.sums["prompt_tokens"] + u.sums["completion_tokens"]),
+                }
+                for t, u in sorted(by_step.items())
+            ]
+            for team, by_step in steps.items()
         },
     }

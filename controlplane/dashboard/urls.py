@@ -25,10 +25,12 @@ urlpatterns = [
     path("policies/<int:pk>/publish/", policy_views.PublishView.as_view(), name="policy-publish"),
     path("policies/<int:pk>/rollback/", policy_views.RollbackView.as_view(), name="policy-rollback"),
     path("keys/", key_views.KeyListView.as_view(), name="key-list"),
+    path("keys/usage/", views.KeyUsagePage.as_view(), name="key-usage"),
     path("keys/<int:pk>/revoke/", key_views.RevokeKeyView.as_view(), name="key-revoke"),
     path("keys/<int:pk>/rotate/", key_views.RotateKeyView.as_view(), name="key-rotate"),
     path("data/overview/", views.OverviewData.as_view(), name="data-overview"),
     path("data/breakdown/", views.BreakdownData.as_view(), name="data-breakdown"),
     path("data/cache/", views.CacheData.as_view(), name="data-cache"),
+    path("data/key-usage/", views.KeyUsageData.as_view(), name="data-key-usage"),
     path("vendor/plotly-<str:version>.min.js", vendor.plotly_js, name="plotly-js"),
 ]

@@ -1,4 +1,4 @@
-"""Dashboard pages (overview, TTFT breakdown, cache, nodes) and node actions.
+"""Dashboard pages (overview, TTFT breakdown, cache, key usage, nodes) and node actions.
 
 Pages are server-rendered with the fleet and the latest live state embedded as JSON, so they show
 numbers before the socket connects and keep the last ones when it drops; each page's script then
@@ -87,6 +87,7 @@ class DashboardPage(PageChrome, TemplateView):
                 "overview": reverse("dashboard:data-overview"),
                 "breakdown": reverse("dashboard:data-breakdown"),
                 "cache": reverse("dashboard:data-cache"),
+                "key_usage": reverse("dashboard:data-key-usage"),
             },
         }
 
@@ -110,11 +111,30 @@ class BreakdownPage(DashboardPage):
 
 
 class CachePage(DashboardPage):
-    """Prefix-cache hit rate and KV usage per node; routed vs hit tokens."""
+    """Prefix-cache hit rate and KV usage per node; routed vs hit tokens; each node's index mode."""
 
     template_name = "dashboard/cache.html"
     page = "cache"
     uses_window = True
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        context["nodes"] = pagedata.node_rows()
+        return context
+
+
+class KeyUsagePage(DashboardPage):
+    """Requests, tokens, errors and TTFT per client key and per team, over a selectable window."""
+
+    template_name = "dashboard/key_usage.html"
+    page = "key-usage"
+    uses_window = True
+
+    def page_data(self) -> dict[str, Any]:
+        # Embedded so the tables show numbers before the first reload.
+        spec = WINDOWS[self.window]
+        window = series.Window.of(self.window, spec["seconds"], spec["resolution"])
+        return {**super().page_data(), "usage": series.key_usage(window)}
 
 
 class NodesPage(DashboardPage):
@@ -211,6 +231,13 @@ class BreakdownData(ChartData):
 
     def data(self, request: HttpRequest) -> dict[str, Any]:
         return series.breakdown(_window(request))
+
+
+class KeyUsageData(ChartData):
+    """``series.key_usage`` over ``?window=``."""
+
+    def data(self, request: HttpRequest) -> dict[str, Any]:
+        return series.key_usage(_window(request))
 
 
 class CacheData(ChartData):

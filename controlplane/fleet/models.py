@@ -10,6 +10,11 @@ slug_validator = RegexValidator(
     r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lower-case letters, digits and single hyphens (e.g. us-east)."
 )
 http_url_validator = URLValidator(schemes=["http", "https"])
+# What a gateway connects to: a concrete host and port (vLLM's "tcp://*:5557" is what the node binds).
+zmq_endpoint_validator = RegexValidator(
+    r"^tcp://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):[0-9]{1,5}$",
+    "Give tcp://HOST:PORT as gateways reach it (not the node's tcp://*:PORT bind address).",
+)
 
 
 class Region(models.Model):
@@ -39,6 +44,17 @@ class LLMModel(models.Model):
     max_context_tokens = models.PositiveIntegerField(
         default=32768, validators=[MinValueValidator(16), MaxValueValidator(10_000_000)]
     )
+    tokenizer_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Path of the model's Hugging Face tokenizer.json on the gateway hosts. With it, "
+        "gateways match prompts precisely on nodes that publish KV events; without, approximately.",
+    )
+    chat_template_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Path of the model's Jinja chat template (Hugging Face format) on the gateway hosts.",
+    )
 
     class Meta:
         # The class was called ``Model`` before; the table keeps its name.
@@ -47,6 +63,13 @@ class LLMModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        super().clean()
+        if self.chat_template_path and not self.tokenizer_path:
+            raise ValidationError(
+                {"tokenizer_path": "A chat template needs the tokenizer it was written for."}
+            )
 
 
 class Node(models.Model):
@@ -76,6 +99,22 @@ class Node(models.Model):
     )
     state = models.CharField(max_length=16, choices=NodeStateChoices.choices, default=NodeStateChoices.ACTIVE)
     labels = models.JSONField(default=dict, blank=True)
+    kv_events_endpoint = models.CharField(
+        max_length=300,
+        blank=True,
+        validators=[zmq_endpoint_validator],
+        help_text="Where gateways subscribe to the node's vLLM KV-cache events (--kv-events-config "
+        "endpoint, e.g. tcp://10.0.0.5:5557). Empty: routed on the approximate prefix index.",
+    )
+    kv_events_replay_endpoint = models.CharField(
+        max_length=300,
+        blank=True,
+        validators=[zmq_endpoint_validator],
+        help_text="The node's replay_endpoint as gateways reach it (optional; fills sequence gaps).",
+    )
+    kv_events_topic = models.CharField(
+        max_length=100, blank=True, help_text="The events' ZMQ topic (vLLM's topic)."
+    )
     created = models.DateTimeField(auto_now_add=True)
     last_updated = models.DateTimeField(auto_now=True)
 
@@ -102,6 +141,8 @@ class Node(models.Model):
             self.base_url = self.base_url.rstrip("/")
             if self.base_url.endswith("/v1"):
                 raise ValidationError({"base_url": "Give the server root, without the trailing /v1."})
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValidationError({"kv_events_endpoint": "A replay endpoint needs the events endpoint."})
         if not isinstance(self.labels, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
         ):

@@ -9,8 +9,8 @@ later (and saw more) carries the larger version and wins.
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import redis
@@ -65,26 +65,34 @@ def publish_keys() -> ClientKeySet:
     return key_set
 
 
-_pending = threading.local()
+@dataclass(frozen=True, slots=True)
+class _PublishAfterCommit:
+    """The on-commit callback that publishes the key set (its type marks it as already queued)."""
+
+    reason: str
+
+    def __call__(self) -> None:
+        try:
+            publish_keys()
+        except KeyPublishError as exc:
+            log.warning(
+                "client keys (%s): %s; run `manage.py publish_keys` once Redis is back", self.reason, exc
+            )
+        except Exception:
+            log.exception("client keys (%s) could not be published", self.reason)
 
 
 def publish_keys_on_commit(reason: str) -> None:
     """After the current transaction commits, publish the key set once (a key saved with its
-    models and regions fires several signals); a failure is logged, not raised."""
-    if getattr(_pending, "scheduled", False):
+    models and regions fires several signals); a failure is logged, not raised.
+
+    "Already queued" is read from the connection's own on-commit list, which Django empties when
+    the transaction rolls back: a flag of our own would stay set after a rollback and silence
+    every later change in that thread."""
+    pending = transaction.get_connection().run_on_commit
+    if any(isinstance(callback, _PublishAfterCommit) for _savepoints, callback, _robust in pending):
         return
-    _pending.scheduled = True
-
-    def run() -> None:
-        _pending.scheduled = False
-        try:
-            publish_keys()
-        except KeyPublishError as exc:
-            log.warning("client keys (%s): %s; run `manage.py publish_keys` once Redis is back", reason, exc)
-        except Exception:
-            log.exception("client keys (%s) could not be published", reason)
-
-    transaction.on_commit(run)
+    transaction.on_commit(_PublishAfterCommit(reason))
 
 
 def sync_last_used() -> None:

@@ -12,7 +12,7 @@ class PoliciesConfig(AppConfig):
     def ready(self) -> None:
         # The republish on fleet changes, and the policies' delete rules (a region in residency
         # rules, a model in a scope): the fleet and core ask through their own registries.
-        from controlplane.policies import deletion, signals  # noqa: F401
+        from controlplane.policies import deletion, metrics, signals  # noqa: F401
         from controlplane.policies.checks import check_algorithm_registry
 
         checks.register(check_algorithm_registry)

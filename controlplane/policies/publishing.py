@@ -28,12 +28,14 @@ from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract, writer
 from routing.contract import (
     PARAMS_BY_ALGORITHM,
+    KVEventsSpec,
     ModelSpec,
     NodeSpec,
     PolicySnapshot,
     PolicySpec,
     RegionSpec,
     ResidencyRule,
+    TokenizerSpec,
 )
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,14 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
         for r in Region.objects.order_by("slug")
     )
     models = tuple(
-        ModelSpec(name=m.name, kv_block_size=m.kv_block_size, max_context_tokens=m.max_context_tokens)
+        ModelSpec(
+            name=m.name,
+            kv_block_size=m.kv_block_size,
+            max_context_tokens=m.max_context_tokens,
+            tokenizer=(
+                TokenizerSpec(m.tokenizer_path, m.chat_template_path or None) if m.tokenizer_path else None
+            ),
+        )
         for m in LLMModel.objects.order_by("name")
     )
     nodes = tuple(
@@ -96,6 +105,11 @@ def compile_policy(policy: RoutingPolicy, *, version: int = 0, published_at: flo
             kv_capacity_tokens=n.kv_capacity_tokens,
             state=n.state,
             labels={str(k): str(v) for k, v in sorted((n.labels or {}).items())},
+            kv_events=(
+                KVEventsSpec(n.kv_events_endpoint, n.kv_events_replay_endpoint or None, n.kv_events_topic)
+                if n.kv_events_endpoint
+                else None
+            ),
         )
         for n in Node.objects.select_related("region").prefetch_related("served_models").order_by("pk")
     )

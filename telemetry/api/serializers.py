@@ -14,7 +14,14 @@ from controlplane.fleet.models import Node
 from routing.contract import NodeLiveState, RTTEntry
 from telemetry.aggregation import TOLERANCE_ABS_MS, TOLERANCE_REL, breakdown_of
 from telemetry.choices import HealthChoices
-from telemetry.models import HealthEvent, MetricSample, NodeHealth, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    NodeHealth,
+    RequestAggregate,
+    RTTSample,
+)
 
 
 class RTTFromRegionSerializer(serializers.Serializer):
@@ -227,3 +234,42 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     def get_breakdown(self, row: RequestAggregate) -> dict | None:
         breakdown = breakdown_of(row)
         return msgspec.to_builtins(breakdown) if breakdown is not None else None
+
+
+class KeyUsageSerializer(serializers.ModelSerializer):
+    """One bucket of one client key's requests (the key's public id, never its secret)."""
+
+    key_name = serializers.CharField(
+        source="client_key.name", read_only=True, allow_null=True, help_text="Null once the key is deleted."
+    )
+    errors = serializers.IntegerField(read_only=True, help_text="errors_4xx + errors_5xx.")
+    error_rate = serializers.FloatField(read_only=True, allow_null=True, help_text="errors / count.")
+    ttft_mean_ms = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = KeyUsageAggregate
+        fields = [
+            "id",
+            "resolution",
+            "bucket_start",
+            "key_id",
+            "key_name",
+            "team",
+            "priority",
+            "count",
+            "errors",
+            "errors_4xx",
+            "errors_5xx",
+            "error_rate",
+            "limited",
+            "refused",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "usage_count",
+            "ttft_count",
+            "ttft_mean_ms",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+        ]
+        read_only_fields = fields

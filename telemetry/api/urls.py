@@ -13,6 +13,7 @@ router.register("rtt-samples", views.RTTSampleViewSet, basename="telemetry-rtt-s
 router.register("metric-samples", views.MetricSampleViewSet, basename="telemetry-metric-sample")
 router.register("health-events", views.HealthEventViewSet, basename="telemetry-health-event")
 router.register("request-aggregates", views.RequestAggregateViewSet, basename="telemetry-request-aggregate")
+router.register("key-usage", views.KeyUsageViewSet, basename="telemetry-key-usage")
 
 urlpatterns = [
     path("rtt-matrix/", views.RTTMatrixView.as_view(), name="telemetry-rtt-matrix"),

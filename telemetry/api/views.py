@@ -1,4 +1,4 @@
-"""Read-only telemetry API: live node state, RTT matrix, samples, aggregates, health events."""
+"""Read-only telemetry API: live node state, RTT matrix, samples, aggregates, key usage, health events."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from telemetry.api.serializers import (
     HealthEventSerializer,
+    KeyUsageSerializer,
     LiveNodeSerializer,
     MetricSampleSerializer,
     RequestAggregateSerializer,
@@ -24,12 +25,13 @@ from telemetry.api.serializers import (
 )
 from telemetry.filtersets import (
     HealthEventFilterSet,
+    KeyUsageFilterSet,
     MetricSampleFilterSet,
     RequestAggregateFilterSet,
     RTTSampleFilterSet,
 )
 from telemetry.live import read_live_state
-from telemetry.models import HealthEvent, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +107,11 @@ class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = RequestAggregate.objects.select_related("region")
     serializer_class = RequestAggregateSerializer
     filterset_class = RequestAggregateFilterSet
+
+
+class KeyUsageViewSet(viewsets.ReadOnlyModelViewSet):
+    """Request buckets (10s or 1m) per client key and priority class: requests, errors, tokens, TTFT."""
+
+    queryset = KeyUsageAggregate.objects.select_related("client_key")
+    serializer_class = KeyUsageSerializer
+    filterset_class = KeyUsageFilterSet

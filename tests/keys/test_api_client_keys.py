@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.db import transaction
 
 from controlplane.keys.models import ClientKey
 from routing.contract import ClientKeySet, decode
@@ -91,3 +92,17 @@ def test_it_is_in_the_openapi_schema(operator_client):
     schema = operator_client.get("/api/schema/", HTTP_ACCEPT="application/json").json()
     assert "/api/v1/client-keys/" in schema["paths"]
     assert "/api/v1/client-keys/{id}/rotate/" in schema["paths"]
+
+
+def test_a_rolled_back_key_change_does_not_silence_later_ones(fleet, redis_conn, cp_keys):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        doomed = ClientKey(name="doomed", owner="ana")
+        doomed.set_new_secret()
+        doomed.save()
+        raise RuntimeError("the rest of the change failed")
+
+    kept = ClientKey(name="kept", owner="ana")
+    kept.set_new_secret()
+    kept.save()
+
+    assert [spec.id for spec in key_set(redis_conn, cp_keys).keys] == [kept.key_id]

@@ -13,6 +13,7 @@ from controlplane.locks import task_lock
 from telemetry import rounds, tasks
 from telemetry.models import (
     HealthEvent,
+    KeyUsageAggregate,
     MetricSample,
     ProcessedRequestEntry,
     RequestAggregate,
@@ -94,12 +95,19 @@ def test_prune_keeps_raw_samples_a_day_and_rollups_a_month(tel):
     for ts in (now, two_days, two_months):
         for resolution in ("10s", "1m"):
             RequestAggregate.objects.create(resolution=resolution, scope="node", node=node, bucket_start=ts)
+            KeyUsageAggregate.objects.create(resolution=resolution, key_id="k1", bucket_start=ts)
         HealthEvent.objects.create(node=node, ts=ts, previous="healthy", current="unhealthy", source="probe")
 
     deleted = rounds.prune(tel.client, tel.keys, chunk=1)
 
     assert deleted["rtt_samples"] == deleted["metric_samples"] == deleted["processed_entries"] == 1
     assert deleted["aggregates_10s"] == 2 and deleted["aggregates_1m"] == 1 and deleted["health_events"] == 1
+    assert deleted["key_usage_10s"] == 2 and deleted["key_usage_1m"] == 1
+    assert sorted(
+        KeyUsageAggregate.objects.values_list("resolution", "bucket_start").order_by(
+            "resolution", "bucket_start"
+        )
+    ) == [("10s", now), ("1m", two_days), ("1m", now)]
     assert list(RTTSample.objects.values_list("ts", flat=True)) == [now]
     assert sorted(
         RequestAggregate.objects.filter(resolution="1m").values_list("bucket_start", flat=True)

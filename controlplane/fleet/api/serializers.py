@@ -27,7 +27,16 @@ class LLMModelSerializer(ValidatedModelSerializer):
 
     class Meta:
         model = LLMModel
-        fields = ["id", "url", "name", "kv_block_size", "max_context_tokens", "node_count"]
+        fields = [
+            "id",
+            "url",
+            "name",
+            "kv_block_size",
+            "max_context_tokens",
+            "tokenizer_path",
+            "chat_template_path",
+            "node_count",
+        ]
 
 
 class NodeSerializer(ValidatedModelSerializer):
@@ -60,6 +69,9 @@ class NodeSerializer(ValidatedModelSerializer):
             "kv_capacity_tokens",
             "state",
             "labels",
+            "kv_events_endpoint",
+            "kv_events_replay_endpoint",
+            "kv_events_topic",
             "created",
             "last_updated",
         ]

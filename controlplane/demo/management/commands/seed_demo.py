@@ -21,7 +21,8 @@ from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, publish
-from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, TopologyError, load_topology
+from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.topology import DEFAULT_TOPOLOGY_PATH, NodeSpec, Topology, TopologyError, load_topology
 
 POLICY_NAME = "default"
 POLICY_DESCRIPTION = "The demo policy: GORGO's cost model (network + queue + uncached prefill)."
@@ -86,7 +87,13 @@ def sync_fleet(fleet: Topology) -> int:
             served[node.model], was_changed = _upsert(
                 LLMModel,
                 {"name": node.model},
-                {"kv_block_size": node.engine.block_size, "max_context_tokens": node.engine.max_model_len},
+                {
+                    "kv_block_size": node.engine.block_size,
+                    "max_context_tokens": node.engine.max_model_len,
+                    # The emulated model's tokenizer and template, as a real model's would be given.
+                    "tokenizer_path": str(TOKENIZER_PATH),
+                    "chat_template_path": str(CHAT_TEMPLATE_PATH),
+                },
             )
             changed += was_changed
     for spec in fleet.nodes:
@@ -101,6 +108,7 @@ def sync_fleet(fleet: Topology) -> int:
                 "max_num_seqs": spec.engine.max_num_seqs,
                 "prefill_tokens_per_s": spec.engine.prefill_tokens_per_s,
                 "kv_capacity_tokens": spec.engine.kv_capacity_tokens,
+                **_kv_events_fields(spec),
             },
         )
         changed += was_changed
@@ -108,6 +116,25 @@ def sync_fleet(fleet: Topology) -> int:
             node.served_models.add(served[spec.model])
             changed += not was_changed
     return changed
+
+
+def _kv_events_fields(spec: NodeSpec) -> dict[str, str]:
+    """The node's KV-event endpoints as gateways reach them (its bind address with "*" resolved)."""
+    config = spec.kv_events
+    if config is None or not config.enabled:
+        return {"kv_events_endpoint": "", "kv_events_replay_endpoint": "", "kv_events_topic": ""}
+
+    def reachable(endpoint: str | None) -> str:
+        if not endpoint:
+            return ""
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        return f"tcp://{spec.host if host in ('*', '0.0.0.0', '') else host}:{port}"
+
+    return {
+        "kv_events_endpoint": reachable(config.endpoint),
+        "kv_events_replay_endpoint": reachable(config.replay_endpoint),
+        "kv_events_topic": config.topic,
+    }
 
 
 def _upsert(model: type[models.Model], lookup: dict[str, Any], values: dict[str, Any]) -> tuple[Any, bool]:

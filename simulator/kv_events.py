@@ -1,0 +1,332 @@
+"""vLLM's KV-cache events, published by the emulated engine exactly as vLLM puts them on the wire.
+
+vLLM (``vllm/distributed/kv_events.py``, ``vllm/config/kv_events.py``), enabled by
+``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}'``:
+
+- A ZMQ PUB socket sends one message per engine step that changed the cache, three frames:
+  the topic, the sequence number (8 bytes, big-endian, from 0 for each process), and the msgpack
+  payload ``EventBatch{ts, events, data_parallel_rank}``.
+- Events: ``BlockStored{block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name, ...}`` when full blocks become cached, ``BlockRemoved{block_hashes, medium}`` when
+  cached blocks are evicted, ``AllBlocksCleared{}`` when the prefix cache is reset.
+- Encodings: older vLLM encodes the batch and each event as positional arrays with the event's tag
+  first (``"legacy"``); since 2026-06 they are maps with the tag under ``"type"`` (``"map"``).
+  Selectable per node here (the simulator-only key ``encoding``), so a mixed fleet can be tested.
+- Optional replay on a ROUTER socket (``replay_endpoint``): a client sends a start sequence number
+  (8 bytes, big-endian); the publisher answers ``(seq, payload)`` for every buffered batch from
+  there (the last ``buffer_steps``) and ends with seq -1 and an empty payload.
+- With data parallelism each rank publishes on the base port + its rank.
+
+Block hashes chain from a random root drawn per engine start (vLLM's ``NONE_HASH`` is random per
+process unless ``PYTHONHASHSEED`` is set), so a router cannot recompute them: it must key blocks by
+the ``token_ids`` the events carry. This emulator sends hashes as integers in the legacy encoding
+and as 8-byte strings in the map encoding; vLLM sends either, depending on version and hash
+function, so consumers must accept both.
+
+One difference from vLLM: an endpoint with ``*`` binds on the node's own listen address (127.0.0.1
+by default) instead of every interface, so the emulated fleet stays on loopback; port 0 picks a
+free port (``Publisher.endpoint`` tells which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+logger = logging.getLogger(__name__)
+
+Encoding = Literal["legacy", "map"]
+ENCODINGS: tuple[Encoding, ...] = ("legacy", "map")
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MEDIUM_GPU = "GPU"
+
+
+class KVEventsConfigError(ValueError):
+    """A ``--kv-events-config`` value is not valid JSON or has a bad key or value."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """vLLM's ``KVEventsConfig`` (same keys and defaults), plus the simulator's ``encoding``."""
+
+    enable_kv_cache_events: bool = False
+    publisher: Literal["null", "zmq"] | None = None
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+    encoding: Encoding = "map"
+
+    @property
+    def enabled(self) -> bool:
+        publisher = self.publisher or ("zmq" if self.enable_kv_cache_events else "null")
+        return self.enable_kv_cache_events and publisher == "zmq"
+
+
+def parse_kv_events_config(raw: str | Mapping[str, Any]) -> KVEventsConfig:
+    """Parse the JSON of ``--kv-events-config`` (or a TOML table); unknown keys are errors."""
+    if isinstance(raw, str):
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise KVEventsConfigError(f"kv_events_config is not valid JSON: {exc}") from None
+    else:
+        data = dict(raw)
+    if not isinstance(data, dict):
+        raise KVEventsConfigError("kv_events_config must be a JSON object")
+    known = {f.name for f in fields(KVEventsConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise KVEventsConfigError(f"kv_events_config has unknown key(s) {unknown}; known: {sorted(known)}")
+    types = {
+        "enable_kv_cache_events": bool,
+        "buffer_steps": int,
+        "hwm": int,
+        "max_queue_size": int,
+        "endpoint": str,
+        "topic": str,
+    }
+    for key, expected in types.items():
+        if key in data and (
+            not isinstance(data[key], expected) or (expected is int and isinstance(data[key], bool))
+        ):
+            raise KVEventsConfigError(
+                f"kv_events_config.{key} must be {expected.__name__}, got {data[key]!r}"
+            )
+    if data.get("publisher") not in (None, "null", "zmq"):
+        raise KVEventsConfigError(
+            f"kv_events_config.publisher must be 'zmq' or 'null', got {data['publisher']!r}"
+        )
+    if data.get("encoding", "map") not in ENCODINGS:
+        raise KVEventsConfigError(
+            f"kv_events_config.encoding must be one of {ENCODINGS}, got {data['encoding']!r}"
+        )
+    replay = data.get("replay_endpoint")
+    if replay is not None and not isinstance(replay, str):
+        raise KVEventsConfigError("kv_events_config.replay_endpoint must be a string")
+    for key in ("buffer_steps", "hwm", "max_queue_size"):
+        if key in data and data[key] < 1:
+            raise KVEventsConfigError(f"kv_events_config.{key} must be positive")
+    config = KVEventsConfig(**data)
+    for key, endpoint in (("endpoint", config.endpoint), ("replay_endpoint", config.replay_endpoint)):
+        if endpoint is not None and config.enabled:
+            _split_tcp(endpoint, key)
+    return config
+
+
+def _split_tcp(endpoint: str, key: str) -> tuple[str, int]:
+    if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
+        raise KVEventsConfigError(f"kv_events_config.{key} must be tcp://HOST:PORT, got {endpoint!r}")
+    host, _, port = endpoint[6:].rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise KVEventsConfigError(f"kv_events_config.{key} has a bad port: {endpoint!r}")
+    return host, int(port)
+
+
+def offset_endpoint(endpoint: str, data_parallel_rank: int) -> str:
+    """vLLM's rule: data-parallel rank r publishes on the base port + r (port 0 stays 0)."""
+    host, port = _split_tcp(endpoint, "endpoint")
+    if data_parallel_rank == 0 or port == 0:
+        return endpoint
+    return f"tcp://{host}:{port + data_parallel_rank}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Events, as the engine reports them, and their two wire encodings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def _hash_bytes(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def encode_batch(events: list[Event], ts: float, data_parallel_rank: int, encoding: Encoding) -> bytes:
+    """The msgpack payload of one ``EventBatch``, in vLLM's legacy (arrays) or map encoding."""
+    if encoding == "legacy":
+        encoded: list[Any] = []
+        for event in events:
+            if isinstance(event, BlockStored):
+                encoded.append(
+                    [
+                        "BlockStored",
+                        list(event.block_hashes),
+                        event.parent_block_hash,
+                        list(event.token_ids),
+                        event.block_size,
+                        None,  # lora_id
+                        MEDIUM_GPU,
+                        None,  # lora_name
+                    ]
+                )
+            elif isinstance(event, BlockRemoved):
+                encoded.append(["BlockRemoved", list(event.block_hashes), MEDIUM_GPU])
+            else:
+                encoded.append(["AllBlocksCleared"])
+        return msgspec.msgpack.encode([ts, encoded, data_parallel_rank])
+    maps: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, BlockStored):
+            maps.append(
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [_hash_bytes(h) for h in event.block_hashes],
+                    "parent_block_hash": (
+                        None if event.parent_block_hash is None else _hash_bytes(event.parent_block_hash)
+                    ),
+                    "token_ids": list(event.token_ids),
+                    "block_size": event.block_size,
+                    "lora_id": None,
+                    "medium": MEDIUM_GPU,
+                    "lora_name": None,
+                    "group_idx": 0,
+                }
+            )
+        elif isinstance(event, BlockRemoved):
+            maps.append(
+                {
+                    "type": "BlockRemoved",
+                    "block_hashes": [_hash_bytes(h) for h in event.block_hashes],
+                    "medium": MEDIUM_GPU,
+                    "group_idx": 0,
+                }
+            )
+        else:
+            maps.append({"type": "AllBlocksCleared"})
+    return msgspec.msgpack.encode({"ts": ts, "events": maps, "data_parallel_rank": data_parallel_rank})
+
+
+# ---------------------------------------------------------------------------------------------
+# The publisher
+# ---------------------------------------------------------------------------------------------
+
+
+class Publisher:
+    """One engine's (one data-parallel rank's) PUB socket and replay ROUTER socket.
+
+    ``publish`` never blocks the engine: past the high-water mark ZMQ drops, as vLLM's does.
+    """
+
+    def __init__(self, config: KVEventsConfig, host: str, *, data_parallel_rank: int = 0) -> None:
+        self.config = config
+        self.data_parallel_rank = data_parallel_rank
+        self._host = host
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._seq = 0
+        self._topic = config.topic.encode()
+        self._pub: zmq.Socket[bytes] | None = None
+        self._replay: zmq.asyncio.Socket | None = None
+        self._replay_task: asyncio.Task[None] | None = None
+        self.endpoint: str | None = None  # as bound, with the real port
+        self.replay_endpoint: str | None = None
+        self.batches_sent = 0
+
+    def _bind(self, socket: zmq.Socket[Any], endpoint: str, previous: str | None) -> str:
+        host, port = _split_tcp(offset_endpoint(endpoint, self.data_parallel_rank), "endpoint")
+        if host in ("*", "0.0.0.0", ""):
+            host = self._host
+        if previous is not None:  # a restart keeps the port it had
+            port = int(previous.rpartition(":")[2])
+        address = f"tcp://{host}:{port if port else '*'}"
+        socket.bind(address)
+        return socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def start(self, host: str | None = None) -> None:
+        """Bind (``host`` replaces ``*`` in the endpoints); a restart reuses the earlier ports."""
+        if host is not None:
+            self._host = host
+        config = self.config
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, config.hwm)
+        pub.setsockopt(zmq.LINGER, 0)
+        try:
+            self.endpoint = self._bind(pub, config.endpoint, self.endpoint)
+            if config.replay_endpoint is not None:
+                replay = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+                replay.setsockopt(zmq.LINGER, 0)
+                try:
+                    self.replay_endpoint = self._bind(replay, config.replay_endpoint, self.replay_endpoint)
+                except BaseException:
+                    replay.close()
+                    raise
+                self._replay = replay
+                self._replay_task = asyncio.get_running_loop().create_task(
+                    self._serve_replay(replay), name="simulator-kv-replay"
+                )
+        except BaseException:
+            pub.close()
+            raise
+        self._pub = pub
+        self._seq = 0
+        self._buffer.clear()
+
+    async def stop(self) -> None:
+        if self._replay_task is not None:
+            self._replay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replay_task
+            self._replay_task = None
+        if self._replay is not None:
+            self._replay.close(linger=0)
+            self._replay = None
+        if self._pub is not None:
+            self._pub.close(linger=0)
+            self._pub = None
+
+    def publish(self, events: list[Event]) -> None:
+        """Send one batch (one engine step's changes) with the next sequence number."""
+        if self._pub is None or not events:
+            return
+        seq = self._seq
+        self._seq += 1
+        payload = encode_batch(events, time.time(), self.data_parallel_rank, self.config.encoding)
+        self._buffer.append((seq, payload))
+        with contextlib.suppress(zmq.Again):
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
+        self.batches_sent += 1
+
+    async def _serve_replay(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            frames = await socket.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                logger.warning("ignoring an invalid KV-event replay request (%d frames)", len(frames))
+                continue
+            client, delimiter, start = frames
+            start_seq = int.from_bytes(start, "big")
+            for seq, payload in list(self._buffer):
+                if seq >= start_seq:
+                    await socket.send_multipart((client, delimiter, seq.to_bytes(8, "big"), payload))
+            await socket.send_multipart((client, delimiter, END_SEQ, b""))

@@ -1,0 +1,239 @@
+"""The gateway's KV-event subscriber against real ZMQ publishers on 127.0.0.1 (the simulator's)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import aiohttp
+import msgspec
+import pytest
+
+from routing.kv_events import EventSource, KVEvents, decode_batch
+from routing.precise_index import block_keys
+from routing.tokenization import ModelTokenizer
+from simulator.fleet import Fleet
+from simulator.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventsConfig,
+    Publisher,
+    encode_batch,
+)
+from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.text import text_of_tokens
+from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
+from tests.routing.support import wait_for
+
+NODE = "us-east-1"
+NODE_ID = 1
+
+
+def events_config(encoding: str, replay: bool = True) -> str:
+    config = {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "encoding": encoding}
+    if replay:
+        config["replay_endpoint"] = "tcp://*:0"
+    return json.dumps(config)
+
+
+def chat_body(seed: int, tokens: int = 600) -> dict:
+    content = text_of_tokens(random.Random(seed), tokens)
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+
+
+# ---- decoding ----------------------------------------------------------------------------------
+
+
+class TestDecoding:
+    def test_it_decodes_the_legacy_positional_encoding(self):
+        payload = encode_batch(
+            [BlockStored((11, 12), None, tuple(range(32)), 16), BlockRemoved((11,)), AllBlocksCleared()],
+            1.5,
+            0,
+            "legacy",
+        )
+        batch = decode_batch(payload)
+        stored, removed, cleared = batch.events
+        assert (batch.ts, batch.data_parallel_rank) == (1.5, 0)
+        assert stored.block_hashes == [11, 12] and stored.parent_block_hash is None
+        assert stored.token_ids == list(range(32)) and stored.block_size == 16
+        assert removed.block_hashes == [11]
+        assert type(cleared).__name__ == "Cleared"
+
+    def test_it_decodes_the_map_encoding_with_byte_hashes(self):
+        payload = encode_batch([BlockStored((11,), 10, tuple(range(16)), 16)], 2.0, 3, "map")
+        batch = decode_batch(payload)
+        assert batch.data_parallel_rank == 3
+        assert batch.events[0].block_hashes == [(11).to_bytes(8, "big")]
+        assert batch.events[0].parent_block_hash == (10).to_bytes(8, "big")
+
+    def test_it_ignores_fields_it_does_not_know_in_both_encodings(self):
+        legacy = [
+            9.0,
+            [
+                ["BlockStored", [1], None, list(range(16)), 16, None, "GPU", None, [["x"]], 0, "full", None],
+                ["BlockRemoved", [1], "GPU", 0, "future"],
+                ["KVCompacted", 1, 2],  # a future event type
+            ],
+            0,
+            "extra batch field",
+        ]
+        batch = decode_batch(msgspec.msgpack.encode(legacy))
+        assert [type(e).__name__ for e in batch.events] == ["Stored", "Removed"]
+        assert batch.unknown == 1
+        new = {
+            "ts": 9.0,
+            "events": [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [b"\x01"],
+                    "parent_block_hash": None,
+                    "token_ids": list(range(16)),
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "kv_cache_spec_kind": "full",
+                    "something_new": {"nested": True},
+                },
+                {"type": "Unheard"},
+            ],
+            "data_parallel_rank": 0,
+            "added_later": 1,
+        }
+        batch = decode_batch(msgspec.msgpack.encode(new))
+        assert batch.events[0].block_hashes == [b"\x01"] and batch.unknown == 1
+
+    def test_offloaded_blocks_are_kept_apart_from_the_gpu_copy(self):
+        payload = msgspec.msgpack.encode(
+            [0.0, [["BlockStored", [1], None, list(range(16)), 16, None, "CPU"]], 0]
+        )
+        assert decode_batch(payload).events[0].block_hashes == [("CPU", 1)]
+
+
+# ---- against the simulator ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["legacy", "map"])
+async def test_the_index_predicts_exactly_what_the_node_then_reports_cached(encoding: str) -> None:
+    tokenizer = ModelTokenizer(str(TOKENIZER_PATH), str(CHAT_TEMPLATE_PATH))
+    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+    async with Fleet.start(
+        topology,
+        auto_ports=True,
+        only=[NODE],
+        kv_events={NODE: events_config(encoding)},
+        engine_overrides={"kv_capacity_blocks": 400, "max_model_len": 2048},  # evicts
+        time_scale=0.05,
+    ) as fleet:
+        node = fleet.node(NODE)
+        events = KVEvents()
+        await events.sync({NODE_ID: EventSource(node.kv_events_endpoint, node.kv_events_replay_endpoint)})
+        try:
+            await wait_for(lambda: events.mode(NODE_ID) == "precise")
+            checked = 0
+            async with aiohttp.ClientSession() as session:
+                for number in range(24):
+                    body = chat_body(number % 8)
+                    ids = tokenizer.prompt_ids("chat", json.dumps(body).encode())
+                    assert ids is not None and ids.complete
+                    keys = block_keys(ids.ids, 16, (len(ids.ids) - 1) // 16)
+                    predicted = events.index.match_keys(keys, [NODE_ID], 16).get(NODE_ID, 0)
+                    async with session.post(node.url + "/v1/chat/completions", json=body) as response:
+                        usage = (await response.json())["usage"]
+                    assert usage["prompt_tokens"] == len(ids.ids)
+                    assert predicted == usage["prompt_tokens_details"]["cached_tokens"]
+                    checked += predicted > 0
+                    # The events of this request arrive before the next is sent.
+                    await wait_for(lambda: events.index.blocks(NODE_ID) == node.engine.pool.num_cached_blocks)
+            assert checked >= 5
+            stats = events.subscribers[NODE_ID].stats
+            assert stats.applied == stats.received and stats.gaps == 0
+        finally:
+            await events.close()
+
+
+async def test_a_restart_or_a_reset_empties_the_nodes_blocks() -> None:
+    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+    async with Fleet.start(
+        topology, auto_ports=True, only=[NODE], kv_events={NODE: events_config("map")}, time_scale=0.05
+    ) as fleet:
+        node = fleet.node(NODE)
+        events = KVEvents()
+        await events.sync({NODE_ID: EventSource(node.kv_events_endpoint, node.kv_events_replay_endpoint)})
+        try:
+            async with aiohttp.ClientSession() as session:
+                await wait_for(lambda: events.mode(NODE_ID) == "precise")
+                await session.post(node.url + "/v1/chat/completions", json=chat_body(1))
+                await wait_for(lambda: events.index.blocks(NODE_ID) > 0)
+
+                await fleet.stop_node(NODE)
+                await wait_for(lambda: events.mode(NODE_ID) == "approximate")  # disconnected
+                await fleet.start_node(NODE)
+                await wait_for(lambda: events.mode(NODE_ID) == "precise")
+                assert events.index.blocks(NODE_ID) == 0  # a new process: nothing cached
+
+                await session.post(node.url + "/v1/chat/completions", json=chat_body(2))
+                await wait_for(lambda: events.index.blocks(NODE_ID) == node.engine.pool.num_cached_blocks > 0)
+                async with session.post(node.url + "/reset_prefix_cache") as response:
+                    assert response.status == 200
+                await wait_for(lambda: events.index.blocks(NODE_ID) == 0)
+        finally:
+            await events.close()
+
+
+class LossyPublisher(Publisher):
+    """The simulator's publisher, able to lose a message on the way (as an overflowing HWM does)."""
+
+    def lose(self, events: list) -> None:
+        seq = self._seq
+        self._seq += 1
+        self._buffer.append((seq, encode_batch(events, time.time(), 0, self.config.encoding)))
+
+
+def stored(first: int, count: int = 1, parent: int | None = None) -> BlockStored:
+    return BlockStored(
+        tuple(range(first, first + count)),
+        parent,
+        tuple(t for block in range(first, first + count) for t in [block] * 16),
+        16,
+    )
+
+
+@pytest.mark.parametrize("buffer_steps", [100, 1])
+async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int) -> None:
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint="tcp://*:0",
+        replay_endpoint="tcp://*:0",
+        buffer_steps=buffer_steps,
+    )
+    publisher = LossyPublisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(publisher.endpoint, publisher.replay_endpoint)})
+        await wait_for(lambda: events.mode(NODE_ID) == "precise")
+        publisher.publish([stored(1)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 1)
+        publisher.lose([stored(2, parent=1)])  # seq 1 never arrives live
+        publisher.publish([stored(3, parent=2)])  # seq 2 reveals the gap
+        subscriber = events.subscribers[NODE_ID]
+        await wait_for(lambda: subscriber.stats.gaps == 1)
+        if buffer_steps > 1:
+            # Replayed: nothing lost, still precise.
+            await wait_for(lambda: events.index.blocks(NODE_ID) == 3)
+            assert events.mode(NODE_ID) == "precise"
+            assert subscriber.stats.resets == 0
+        else:
+            # The buffer no longer has seq 1: the node starts over and is approximate a while.
+            assert subscriber.stats.resets == 1
+            assert events.index.blocks(NODE_ID) == 0  # block 3's parent is unknown: not keyed
+            assert subscriber.stats.dropped["unknown_parent"] == 1
+            assert events.mode(NODE_ID) == "approximate"
+            assert events.mode(NODE_ID, time.time() + 60) == "precise"
+    finally:
+        await events.close()
+        await publisher.stop()
