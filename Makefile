@@ -62,6 +62,7 @@ test: lint
 
 bench: install
 	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
+	bash scripts/ensure_wrk.sh
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \

@@ -1,19 +1,21 @@
 """The servers the gateway-overhead benchmark measures against (each run as its own process).
 
     python benchmarks/overhead_servers.py mock                        # prints "READY <port>"
-    python benchmarks/overhead_servers.py proxy aiohttp --upstream URL  # uvicorn logs its port
+    python benchmarks/overhead_servers.py proxy aiohttp --upstream URL [--upstream URL ...]  # uvicorn logs its port
 
 - ``mock``: a no-delay OpenAI backend on raw asyncio + httptools with canned vLLM-shaped answers
   (chat completion with usage; a stream of nine SSE events written one per loop turn, usage
   event and ``[DONE]`` last). Fast enough that it is never the bottleneck.
 - ``proxy aiohttp|httpx``: the smallest possible raw-ASGI proxy on uvicorn (uvloop, httptools)
-  with each upstream client: what the gateway's client choice was measured against.
+  with each upstream client, round robin over the upstreams: the floor a Python proxy on that
+  stack sets.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 from typing import Any
@@ -127,9 +129,10 @@ async def _serve_mock() -> None:
 # ---- minimal raw-ASGI proxies: the upstream-client comparison ----------------------------------
 
 
-def _proxy_app(client_kind: str, upstream: str) -> Any:
+def _proxy_app(client_kind: str, upstreams: list[str]) -> Any:
     """The least a proxy can do: forward the body, pass the answer back (streams chunk by chunk)."""
     state: dict[str, Any] = {}
+    turn = itertools.cycle(upstreams)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -154,7 +157,7 @@ def _proxy_app(client_kind: str, upstream: str) -> Any:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        url = upstream + scope["path"]
+        url = next(turn) + scope["path"]
         client = state["client"]
         headers = {"content-type": "application/json"}
         if client_kind == "aiohttp":
@@ -182,11 +185,11 @@ def _proxy_app(client_kind: str, upstream: str) -> Any:
     return app
 
 
-def _serve_proxy(client_kind: str, upstream: str) -> None:
+def _serve_proxy(client_kind: str, upstreams: list[str]) -> None:
     import uvicorn
 
     uvicorn.run(
-        _proxy_app(client_kind, upstream),
+        _proxy_app(client_kind, upstreams),
         host="127.0.0.1",
         port=0,
         loop="uvloop",
@@ -202,7 +205,7 @@ def main() -> int:
     )
     parser.add_argument("server", choices=("mock", "proxy"))
     parser.add_argument("client", nargs="?", choices=("aiohttp", "httpx"), help="upstream client of a proxy")
-    parser.add_argument("--upstream", help="the mock's URL, for a proxy")
+    parser.add_argument("--upstream", action="append", help="a mock's URL, for a proxy (repeatable)")
     args = parser.parse_args()
     if args.server == "mock":
         import uvloop

@@ -1,10 +1,11 @@
 """The gateway's ASGI application: a raw ASGI callable, no framework.
 
-A raw app on uvicorn (uvloop + httptools) with aiohttp as the upstream client was chosen by
-measurement (benchmarks/gateway_overhead.py, docs/gateway.md): a framework's routing, request and
-response objects cost more per request than this gateway's whole routing decision.
+A raw app on uvicorn (uvloop + httptools) was chosen by measurement, and the upstream client
+(``routing/upstream.py``) by profile (benchmarks/gateway_overhead.py, docs/gateway.md): a
+framework's routing, request and response objects cost more per request than this gateway's whole
+routing decision.
 
-Per-process resources (the pooled aiohttp session, the Redis client, the policy store, the request
+Per-process resources (the upstream connection pools, the Redis client, the policy store, the request
 log, metrics) are created in the ASGI lifespan and live on ``Gateway.runtime``; nothing is a
 module-level singleton, so tests can run several gateways in one process.
 """
@@ -17,7 +18,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import aiohttp
 import msgspec
 from redis.asyncio import Redis
 
@@ -49,6 +49,7 @@ from routing.table import RoutingTable
 from routing.token_ratio import CharsPerToken
 from routing.tokenization import Tokenizers
 from routing.tracing import GatewayTracing, tracing_from_env
+from routing.upstream import UpstreamClient
 
 logger = logging.getLogger("routing.app")
 
@@ -61,7 +62,7 @@ class Runtime:
     """What one gateway process holds open while it runs."""
 
     redis: Redis
-    session: aiohttp.ClientSession
+    client: UpstreamClient
     store: PolicyStore
     request_log: RequestLog
     sharing: GatewaySharing
@@ -130,19 +131,12 @@ class Gateway:
         config = self.config
         keys = RedisKeys(prefix=config.redis_prefix)
         redis = make_redis(config.redis_url)
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0,  # no pool cap: the nodes' own max_num_seqs is the real limit
-                keepalive_timeout=config.upstream_keepalive_s,
-                ttl_dns_cache=300,
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None,
-                sock_connect=config.upstream_connect_timeout_s,
-                sock_read=config.upstream_read_timeout_s,
-            ),
-            auto_decompress=False,  # bytes pass through as the node encoded them
-            cookie_jar=aiohttp.DummyCookieJar(),
+        # No pool cap: the nodes' own max_num_seqs is the real limit. Bytes pass through as the
+        # node encoded them (nothing is decompressed).
+        client = UpstreamClient(
+            connect_timeout_s=config.upstream_connect_timeout_s,
+            read_timeout_s=config.upstream_read_timeout_s,
+            keepalive_s=config.upstream_keepalive_s,
         )
         index = self.index
         ratio = self.chars_per_token
@@ -225,10 +219,10 @@ class Gateway:
             )
         )
         tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
-        prober = NodeProber(breakers, session, lambda: store.table)
+        prober = NodeProber(breakers, client, lambda: store.table)
         proxy = Proxy(
             config,
-            session,
+            client,
             store,
             inflight,
             request_log,
@@ -244,7 +238,7 @@ class Gateway:
         )
         self.runtime = Runtime(
             redis,
-            session,
+            client,
             store,
             request_log,
             sharing,
@@ -298,7 +292,7 @@ class Gateway:
         await run_bounded(self.kv_events.close(), 3.0, "gorgo-kv-events-stop")
         self.tokenizers.close()
         await runtime.request_log.close()
-        await runtime.session.close()
+        await runtime.client.close()
         await runtime.redis.aclose()
         if runtime.limiter_redis is not None:
             await runtime.limiter_redis.aclose()

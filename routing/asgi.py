@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from routing.deadlines import Deadline, FixedDelay
 from routing.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
@@ -60,12 +61,16 @@ class ClientGone(Exception):
 class RequestHeaders:
     """What one pass over the client's headers found."""
 
-    forward: list[tuple[str, str]]
+    forward: list[tuple[bytes, bytes]]  # (name, value) as the client sent them, to encode for the node
     request_id: str | None = None
     content_length: int | None = None
     session_key: str | None = None
     authorization: bytes | None = None
     api_key: bytes | None = None
+
+
+_JSON = (b"Content-Type", b"application/json")
+_IDENTITY = (b"Accept-Encoding", b"identity")
 
 
 def scan_request_headers(
@@ -74,19 +79,23 @@ def scan_request_headers(
     """One pass over the client's headers: what to forward, and what the gateway reads itself.
 
     With ``keep_credentials`` false (the gateway checks client keys itself) the client's key
-    headers are not forwarded: nodes never see a client's secret.
+    headers are not forwarded: nodes never see a client's secret. Names arrive lower-cased
+    (httptools via uvicorn) and values without CR or LF, so they are forwarded as bytes.
     """
-    forward: list[tuple[str, str]] = [("Content-Type", "application/json")]
+    forward: list[tuple[bytes, bytes]] = [_JSON]
     found = RequestHeaders(forward)
-    request_id: str | None = None
-    content_length: int | None = None
-    session_key: str | None = None
     session_name = session_header.encode() if session_header else None
     listed: set[bytes] = set()  # headers the client named in Connection: are hop-by-hop too
     accepts_encoding = False
     for name, value in raw:
-        if name == b"connection":
-            listed.update(token.strip().lower() for token in value.split(b","))
+        if name in _REQUEST_DROP_BYTES:
+            if name == b"content-length":
+                try:
+                    found.content_length = int(value)
+                except ValueError:
+                    raise GatewayError(400, "Invalid Content-Length header.") from None
+            elif name == b"connection":
+                listed.update(token.strip().lower() for token in value.split(b","))
             continue
         if name == b"authorization" or name == b"api-key":
             if name == b"authorization":
@@ -95,33 +104,21 @@ def scan_request_headers(
                 found.api_key = value
             if not keep_credentials:
                 continue
-        if name in _REQUEST_DROP_BYTES:
-            if name == b"content-length":
-                try:
-                    content_length = int(value)
-                except ValueError:
-                    raise GatewayError(400, "Invalid Content-Length header.") from None
-            continue
-        text = value.decode("latin-1")
-        if name == b"x-request-id":
+        elif name == b"x-request-id":
+            text = value.decode("latin-1")
             if 0 < len(text) <= _MAX_REQUEST_ID_CHARS and text.isprintable():
-                request_id = text
+                found.request_id = text
             continue  # re-added once, with the id we settle on
-        if name == session_name:
-            session_key = text
+        elif name == session_name:
+            found.session_key = value.decode("latin-1")
         elif name == b"accept-encoding":
             accepts_encoding = True
-        forward.append((name.decode("latin-1"), text))
+        forward.append((name, value))
     if listed:
-        forward = [(name, value) for name, value in forward if name.encode("latin-1") not in listed]
+        forward = found.forward = [(name, value) for name, value in forward if name not in listed]
     if not accepts_encoding:
-        # Else aiohttp would offer gzip on the client's behalf, and bodies pass through undecoded.
-        # (Setting it here is also cheaper than aiohttp's skip_auto_headers path.)
-        forward.append(("Accept-Encoding", "identity"))
-    found.forward = forward
-    found.request_id = request_id
-    found.content_length = content_length
-    found.session_key = session_key
+        # Bodies pass through undecoded: never let a node compress for a client that did not ask.
+        forward.append(_IDENTITY)
     return found
 
 
@@ -167,18 +164,20 @@ class DisconnectWatch:
 
     __slots__ = ("_exchange", "_receive", "_task", "_timer", "_watcher")
 
+    timers = FixedDelay(_WATCH_AFTER_S)  # one loop timer for every watch of the process
+
     def __init__(self, receive: Receive, exchange: Watched, task: asyncio.Task[Any]) -> None:
         self._receive = receive
         self._exchange = exchange
         self._task = task
         self._watcher: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            _WATCH_AFTER_S, self._start
-        )
+        self._timer: Deadline | None = DisconnectWatch.timers.call(task.get_loop(), self._start)
 
     def _start(self) -> None:
         self._timer = None
-        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        if self._task.done():
+            return
+        self._watcher = self._task.get_loop().create_task(self._watch())
 
     async def _watch(self) -> None:
         message = await self._receive()

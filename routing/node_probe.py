@@ -17,11 +17,11 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from routing.background import sleep_unless, stop_tasks
 from routing.breaker import Breakers
+from routing.deadlines import Deadline, FixedDelay
 from routing.table import RoutingTable
+from routing.upstream import UpstreamClient, UpstreamError, make_target
 
 logger = logging.getLogger("routing.breaker")
 
@@ -30,17 +30,17 @@ class NodeProber:
     def __init__(
         self,
         breakers: Breakers,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         table: Callable[[], RoutingTable | None],
         *,
         interval_s: float = 0.25,
         timeout_s: float = 2.0,
     ) -> None:
         self._breakers = breakers
-        self._session = session
+        self._client = client
         self._table = table
         self._interval_s = interval_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
@@ -72,9 +72,15 @@ class NodeProber:
 
     async def _answers(self, base_url: str) -> bool:
         try:
-            async with self._session.get(f"{base_url}/health", timeout=self._timeout) as response:
-                return response.status < 500
-        except (aiohttp.ClientError, TimeoutError):
+            target = make_target(f"{base_url}/health", "GET")
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._client.request(target, b"")
+                try:
+                    await response.read()
+                finally:
+                    response.close()
+            return response.status < 500
+        except (UpstreamError, TimeoutError, ValueError):
             return False
 
     def alive(self, node_id: int, base_url: str) -> asyncio.Future[bool]:
@@ -96,7 +102,8 @@ class NodeProber:
 class HungWatch:
     """Takes a non-streaming request back from a node that stopped answering even ``/health``.
 
-    Armed when the request is sent: a timer (no task) that, after ``after_s``, asks the prober
+    Armed when the request is sent: a timer (no task; one of ``timers``, the first-byte timeout)
+    that then asks the prober
     whether the node is alive; if not, it marks itself ``hung`` and cancels the request's task,
     which catches the cancellation and retries elsewhere. ``stop`` disarms it.
     """
@@ -104,7 +111,7 @@ class HungWatch:
     __slots__ = ("_probe", "_prober", "_task", "_timer", "base_url", "hung", "node_id")
 
     def __init__(
-        self, prober: NodeProber, task: asyncio.Task[object], node_id: int, base_url: str, after_s: float
+        self, prober: NodeProber, task: asyncio.Task[object], node_id: int, base_url: str, timers: FixedDelay
     ) -> None:
         self._prober = prober
         self._task = task
@@ -112,12 +119,12 @@ class HungWatch:
         self.base_url = base_url
         self.hung = False
         self._probe: asyncio.Future[bool] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            after_s, self._suspect
-        )
+        self._timer: Deadline | None = timers.call(task.get_loop(), self._suspect)
 
     def _suspect(self) -> None:
         self._timer = None
+        if self._task.done():
+            return
         self._probe = self._prober.alive(self.node_id, self.base_url)
         self._probe.add_done_callback(self._verdict)
 

@@ -13,6 +13,11 @@ adds each, answering like an HTTP server should and closing the connection:
 | head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
 | body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
 | open connections per process | ``GORGO_MAX_CONNECTIONS`` | 503 + ``Retry-After`` |
+| a transfer coding other than ``chunked`` (e.g. ``gzip, chunked``) | | 501 |
+
+Request smuggling: httptools (llhttp) itself refuses a request with both ``Content-Length`` and
+``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
+coding used to be ignored and the body read as chunked, so it is refused here (RFC 9112 6.1).
 
 Memory stays bounded: the head is refused once it passes the limit (at most one read buffer
 beyond it is ever held), bodies are paused by uvicorn's flow control and capped by
@@ -29,7 +34,7 @@ import asyncio
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from routing.config import GatewayConfig
 from routing.errors import GatewayError
@@ -53,11 +58,110 @@ class _HeadTooLarge(Exception):
 
 def _raw_response(error: GatewayError) -> bytes:
     body = error.body()
-    reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+    reason = {
+        408: b"Request Timeout",
+        431: b"Request Header Fields Too Large",
+        501: b"Not Implemented",
+        503: b"Service Unavailable",
+    }
     lines = [b"HTTP/1.1 %d %s" % (error.status, reason.get(error.status, b"Error"))]
     lines += [name + b": " + value for name, value in error.headers()]
     lines += [b"content-length: %d" % len(body), b"connection: close", b"", body]
     return b"\r\n".join(lines)
+
+
+class CorkedTransport:
+    """The client transport, with every write of one event-loop turn sent in one syscall.
+
+    uvicorn writes a response's head and its body separately; a non-streaming answer (head and
+    body sent in the same turn) so cost two ``send`` syscalls, each also running the loopback
+    receiver's TCP path. Buffered until the end of the turn, they go out together; a stream's
+    head still leaves at once (at the end of the turn that sent it, before any wait). Reads, flow
+    control and everything else go to the real transport.
+    """
+
+    __slots__ = ("_buffer", "_loop", "transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self._loop = loop
+        self._buffer: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._buffer:
+            self._loop.call_soon(self.flush)
+        self._buffer.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        buffer = self._buffer
+        if buffer:
+            self._buffer = []
+            if not self.transport.is_closing():
+                self.transport.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self._buffer = []
+        self.transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's request cycle, with the response head built without re-validating each header.
+
+    uvicorn checks every response header name and value against two regular expressions (4 µs for
+    the dozen headers of a gateway answer with rate-limit headers). A gateway answer's headers are
+    the node's, already parsed by httptools (which refuses control characters), and the gateway's
+    own. The rest (framing, keep-alive, flow control, bodies) is uvicorn's, unchanged.
+    """
+
+    async def send(self, message: Any) -> None:
+        if (
+            self.response_started
+            or message["type"] != "http.response.start"
+            or self.disconnected
+            or self.flow.write_paused
+        ):
+            await super().send(message)
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status_code = message["status"]
+        content = [STATUS_LINE[status_code]]
+        has_connection_close = False
+        for raw_name, value in (*self.default_headers, *message.get("headers", ())):
+            name = raw_name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
+                self.keep_alive = False
+                has_connection_close = True
+            content.extend((name, b": ", value, b"\r\n"))
+        if not self.keep_alive and not has_connection_close:
+            content.append(b"connection: close\r\n")
+        if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status_code not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self.transport.write(b"".join(content))
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -81,7 +185,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._refused = False
         self._head_too_large = False
+        self._bad_coding = False
+        # One lazy timer per connection: arming sets a deadline, and the timer handle is only
+        # replaced when the new deadline is earlier than the one it will fire at (a request arms
+        # and disarms twice, head then body: two call_later + cancel pairs per request before).
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._on_deadline: Any = None
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -96,10 +206,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
             return
         super().connection_made(transport)
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._stop_timer()
         if self._refused:
             return
         super().connection_lost(exc)
@@ -116,6 +227,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         except httptools.HttpParserError:
             if self._head_too_large:
                 self._refuse(431, "The request head has too many or too large header fields.")
+            elif self._bad_coding:
+                self._refuse(501, "The only transfer coding this gateway accepts is chunked.")
             else:
                 self.send_400_response("Invalid HTTP request received.")
             return
@@ -149,12 +262,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._header_count > self._max_headers:
             self._head_too_large = True
             raise _HeadTooLarge
+        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            self._bad_coding = True
+            raise _HeadTooLarge  # stops the parser; answered with 501
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm()
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:  # before its task runs: see _Cycle
+            self.cycle.__class__ = _Cycle
         if self.parser is not None and not self.transport.is_closing():
             self._arm(self._body_timeout_s, self._body_timed_out)
 
@@ -162,19 +280,52 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the keep-alive wait on the connection's one deadline instead of a new
+        # call_later per response (uvicorn cancels that in data_received, which finds none now).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif not self._in_head:  # (a next head already begun keeps its own, shorter timeout)
+            self._arm(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
     # ---- limits ------------------------------------------------------------------------------
 
     def _arm(self, seconds: float, callback: Any) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, callback)
+        self._deadline = deadline = self.loop.time() + seconds
+        self._on_deadline = callback
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= deadline:
+                return  # it fires first and re-arms itself for the rest
+            timer.cancel()
+        self._timer = self.loop.call_at(deadline, self._fire)
 
     def _disarm(self) -> None:
+        self._on_deadline = None  # the timer, if any, fires into nothing (or is reused)
+
+    def _fire(self) -> None:
+        self._timer = None
+        callback = self._on_deadline
+        if callback is None or self.transport is None:
+            return
+        if self._deadline > self.loop.time():
+            self._timer = self.loop.call_at(self._deadline, self._fire)
+            return
+        self._on_deadline = None
+        callback()
+
+    def _stop_timer(self) -> None:
+        self._on_deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _head_timed_out(self) -> None:
-        self._timer = None
         if self.transport.is_closing():
             return
         GuardedHttpToolsProtocol.stats.header_timeouts += 1
@@ -184,7 +335,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(408, f"The request head did not arrive within {self._header_timeout_s:g}s.")
 
     def _body_timed_out(self) -> None:
-        self._timer = None
         cycle = self.cycle
         if self.transport.is_closing() or cycle is None or not cycle.more_body:
             return

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
-from yarl import URL
 
 from routing.algorithms.base import AlgorithmInfo
 from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot
 from routing.eligibility import eligible_nodes, served_models
 from routing.prompt import DEFAULT_CHARS_PER_TOKEN
+from routing.upstream import Target, make_target
 
 UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions")
 
@@ -36,7 +36,7 @@ class RoutingTable:
     models: tuple[str, ...]  # served model names, sorted
     candidates: Mapping[str, tuple[NodeSpec, ...]]  # model -> eligible nodes, id order
     excluded: Mapping[str, Mapping[str, int]]  # model -> reason -> node count
-    urls: Mapping[tuple[int, str], URL]  # (node id, path) -> upstream URL
+    urls: Mapping[tuple[int, str], Target]  # (node id, path) -> upstream target (nodes with a usable URL)
     base_urls: Mapping[int, str]  # node id -> server root (for the gateway's own probes)
     rtt_ms: Mapping[int, float]  # node id -> RTT from this region (measured ones only)
     live: Mapping[int, NodeLiveState]
@@ -77,11 +77,13 @@ def build_table(
     excluded: dict[str, dict[str, int]] = {}
     for model in models:
         candidates[model], excluded[model] = eligible_nodes(snapshot, model, region, live, rtt_ms)
-    urls = {
-        (node.id, path): URL(node_base_url(node.base_url) + path)
-        for node in snapshot.nodes
-        for path in UPSTREAM_PATHS
-    }
+    urls: dict[tuple[int, str], Target] = {}
+    for node in snapshot.nodes:
+        for path in UPSTREAM_PATHS:
+            try:
+                urls[(node.id, path)] = make_target(node_base_url(node.base_url) + path)
+            except ValueError:
+                pass  # not http(s): its requests get 502 (the control plane validates URLs)
     params = policy.params
     model_objects = [
         {"id": name, "object": "model", "created": int(snapshot.published_at), "owned_by": "gorgo"}

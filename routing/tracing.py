@@ -36,7 +36,7 @@ logger = logging.getLogger("routing.tracing")
 
 OPERATION_NAMES = {"chat": "chat", "completions": "text_completion"}
 PROVIDER = "vllm"
-_TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _FALSE = {"", "0", "false", "no", "off"}
 
 
@@ -149,7 +149,7 @@ class GatewayTracing:
     def start(
         self,
         scope_headers: Sequence[tuple[bytes, bytes]],
-        upstream_headers: list[tuple[str, str]],
+        upstream_headers: list[tuple[bytes, bytes]],
         endpoint: str,
         body: bytes,
         start_time_s: float,
@@ -198,7 +198,9 @@ class GatewayTracing:
         upstream_headers[:] = [item for item in upstream_headers if item[0].lower() not in _TRACE_HEADERS]
         outgoing: dict[str, str] = {}
         self._propagator.inject(outgoing, context=set_span_in_context(span))
-        upstream_headers.extend(outgoing.items())
+        upstream_headers.extend(
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in outgoing.items()
+        )
         return span
 
     def answer(self, span: Span, data: bytes, *, stream: bool) -> None:

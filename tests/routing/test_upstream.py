@@ -1,0 +1,157 @@
+"""The gateway's own upstream client (routing/upstream.py) and its fixed-delay timers, on real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from routing.deadlines import FixedDelay
+from routing.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
+from simulator.harness import free_port
+
+CHAT = "/v1/chat/completions"
+
+
+class Server:
+    """A scripted HTTP peer: ``answer(request_bytes) -> list of (delay_s, bytes | None)``; None closes."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def __aenter__(self) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                while data := await reader.read(65536):
+                    for delay_s, chunk in self.answer(data):
+                        await asyncio.sleep(delay_s)
+                        if chunk is None:
+                            writer.close()
+                            return
+                        writer.write(chunk)
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def ok(body: bytes = b'{"ok":true}') -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+def client(read_timeout_s: float = 5.0) -> UpstreamClient:
+    return UpstreamClient(connect_timeout_s=1.0, read_timeout_s=read_timeout_s, keepalive_s=60.0)
+
+
+async def test_keep_alive_reuses_one_connection_and_sends_head_and_body():
+    seen: list[bytes] = []
+
+    def answer(data: bytes):
+        seen.append(data)
+        return [(0, ok())]
+
+    async with Server(answer) as url:
+        upstream = client()
+        target = make_target(url + CHAT)
+        for _ in range(3):
+            response = await upstream.request(target, b"X-A: 1\r\n", b"{}")
+            assert response.status == 200 and response.content_type == "application/json"
+            assert await response.read() == b'{"ok":true}'
+        assert upstream.open_connections() == 1
+        await upstream.close()
+    assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert seen[0].endswith(b"X-A: 1\r\ncontent-length: 2\r\n\r\n{}")
+
+
+async def test_a_silent_node_times_out_before_and_during_the_body():
+    def silent(_data: bytes):
+        return [(10, b"")]
+
+    async with Server(silent) as url:
+        upstream = client(read_timeout_s=0.2)
+        with pytest.raises(ReadTimeout):
+            await upstream.request(make_target(url + CHAT), b"", b"{}")
+        await upstream.close()
+
+    def stalls(_data: bytes):
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        return [(0, head + b"5\r\nhello\r\n"), (10, b"")]
+
+    async with Server(stalls) as url:
+        upstream = client(read_timeout_s=0.2)
+        response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+        assert response.content_type == "text/event-stream"
+        assert await response.readany() == b"hello"
+        with pytest.raises(ReadTimeout):
+            await response.readany()
+        response.close()
+        await upstream.close()
+
+
+async def test_a_body_delimited_by_the_close_is_read_whole_and_the_connection_not_reused():
+    def answer(_data: bytes):
+        return [
+            (0, b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"a":'),
+            (0.05, b"1}"),
+            (0, None),
+        ]
+
+    async with Server(answer) as url:
+        upstream = client()
+        response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+        assert await response.read() == b'{"a":1}'
+        await asyncio.sleep(0.05)
+        assert upstream.open_connections() == 0
+        await upstream.close()
+
+
+async def test_large_bodies_arrive_whole_read_at_once_or_chunk_by_chunk():
+    big = b"x" * (3 << 20)  # past the flow-control high-water mark
+
+    def answer(_data: bytes):
+        return [(0, ok(big))]
+
+    async with Server(answer) as url:
+        upstream = client()
+        target = make_target(url + CHAT)
+        response = await upstream.request(target, b"", b"{}")
+        await asyncio.sleep(0.2)  # let it all arrive (and reading pause) before asking
+        assert await response.read() == big
+        response = await upstream.request(target, b"", b"{}")
+        received = b""
+        while chunk := await response.readany():
+            received += chunk
+        assert received == big
+        await upstream.close()
+
+
+async def test_a_refused_connection_is_connect_failed():
+    upstream = client()
+    with pytest.raises(ConnectFailed):
+        await upstream.request(make_target(f"http://127.0.0.1:{free_port()}{CHAT}"), b"", b"{}")
+    await upstream.close()
+
+
+async def test_fixed_delay_timers_fire_in_order_and_cancelled_ones_not():
+    loop = asyncio.get_running_loop()
+    timers = FixedDelay(0.05)
+    fired: list[int] = []
+    entries = [timers.call(loop, lambda i=i: fired.append(i)) for i in range(5)]
+    entries[0].cancel()
+    entries[3].cancel()
+    await asyncio.sleep(0.15)
+    assert fired == [1, 2, 4]
+    timers.call(loop, lambda: fired.append(9))
+    await asyncio.sleep(0.1)
+    assert fired == [1, 2, 4, 9]
