@@ -56,6 +56,9 @@ class KVEventsConfigError(ValueError):
     """A ``--kv-events-config`` value is not valid JSON or has a bad key or value."""
 
 
+_REBIND_WAIT_S = 2.0  # how long a restarting publisher waits for its old port to be released
+
+
 @dataclass(frozen=True, slots=True)
 class KVEventsConfig:
     """vLLM's ``KVEventsConfig`` (same keys and defaults), plus the simulator's ``encoding``."""
@@ -261,7 +264,17 @@ class Publisher:
         if previous is not None:  # a restart keeps the port it had
             port = int(previous.rpartition(":")[2])
         address = f"tcp://{host}:{port if port else '*'}"
-        socket.bind(address)
+        # ZMQ closes a socket on its I/O thread, after close() returns: a restart re-binding the
+        # port its previous socket held can find it still taken for a moment. Wait (bounded).
+        deadline = time.monotonic() + (_REBIND_WAIT_S if previous is not None else 0.0)
+        while True:
+            try:
+                socket.bind(address)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
         return socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def start(self, host: str | None = None) -> None:
