@@ -124,6 +124,37 @@ class ProcessGroup:
         return "\n".join(f"----- {p.name} -----\n{p.log()[-3000:]}" for p in self.processes.values())
 
 
+def start_celery(processes: ProcessGroup, prefix: str, env: dict[str, str], concurrency: int) -> None:
+    """A Celery worker (threads, on the run's own default queue) and beat, as real processes."""
+    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
+    env = {**env, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"}
+    processes.start(
+        "worker",
+        [
+            *celery,
+            "worker",
+            "-Q",
+            f"{prefix}.default",
+            "--pool=threads",
+            f"--concurrency={concurrency}",
+            "-n",
+            f"{prefix}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel=INFO",
+        ],
+        env=env,
+        ready_text="ready.",
+        timeout_s=60,
+    )
+    processes.start(
+        "beat",
+        [*celery, "beat", "-s", str(processes.directory / "beat-schedule"), "--loglevel=INFO"],
+        env=env,
+        ready_text="Starting",
+    )
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1.0).is_success

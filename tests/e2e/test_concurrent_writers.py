@@ -20,7 +20,7 @@ import redis
 
 from routing import contract
 from routing.contract import PolicySnapshot, RedisKeys
-from tests.conftest import ControlPlane, ProcessGroup, free_port
+from tests.conftest import ControlPlane, ProcessGroup, free_port, start_celery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -72,33 +72,8 @@ def test_two_writers_and_the_worker_never_get_a_500(
         ready_url=f"{second}/login/",
     )
     # The first web process runs with the fixture's settings; the fleet writer uses the second.
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
     prefix = control_plane.env["GORGO_REDIS_PREFIX"]
-    processes.start(
-        "worker",
-        [
-            *celery,
-            "worker",
-            "-Q",
-            f"{prefix}.default",
-            "--pool=threads",
-            "--concurrency=2",
-            "-n",
-            f"{prefix}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel=INFO",
-        ],
-        env={**fast, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
-        ready_text="ready.",
-        timeout_s=60,
-    )
-    processes.start(
-        "beat",
-        [*celery, "beat", "-s", str(processes.directory / "beat-schedule"), "--loglevel=INFO"],
-        env={**fast, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
-        ready_text="Starting",
-    )
+    start_celery(processes, prefix, fast, concurrency=2)
     with api(control_plane.url, control_plane.token) as client:
         policy_id = client.get("/policies/", params={"name": "default"}).json()["results"][0]["id"]
         node_ids = [n["id"] for n in client.get("/nodes/").json()["results"]][:4]

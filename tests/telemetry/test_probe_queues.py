@@ -7,7 +7,6 @@ read (142 queues, 3,958 messages after a while) and the docs said "restart".
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import ControlPlane, ProcessGroup, free_port
+from tests.conftest import ControlPlane, ProcessGroup, free_port, start_celery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -48,32 +47,7 @@ def start_worker_and_beat(processes: ProcessGroup, prefix: str, probe_regions: s
         "GORGO_PROBE_REGIONS": probe_regions,
         "GORGO_PROBE_TIMEOUT_S": "0.3",
     }
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    processes.start(
-        "worker",
-        [
-            *celery,
-            "worker",
-            "-Q",
-            f"{prefix}.default",
-            "--pool=threads",
-            "--concurrency=4",
-            "-n",
-            f"{prefix}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel=INFO",
-        ],
-        env={**env, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
-        ready_text="ready.",
-        timeout_s=60,
-    )
-    processes.start(
-        "beat",
-        [*celery, "beat", "-s", str(processes.directory / "beat-schedule"), "--loglevel=INFO"],
-        env={**env, "CELERY_TASK_DEFAULT_QUEUE": f"{prefix}.default"},
-        ready_text="Starting",
-    )
+    start_celery(processes, prefix, env, concurrency=4)
 
 
 def queue_lengths(client: redis.Redis, prefix: str) -> dict[str, int]:
