@@ -53,8 +53,8 @@ test: lint
 	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \
 		DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest && \
-		echo "== unit and API tests again on SQLite" && \
-		$(PY) -m pytest -q -m "not e2e and not browser"; \
+		echo "== the database's unit and API tests again on SQLite" && \
+		$(PY) -m pytest -q -m "uses_db and not e2e and not browser"; \
 	else \
 		echo "== PostgreSQL not reachable at $(PG_TEST_URL): full suite on SQLite, Redis $$REDIS_URL"; \
 		$(PY) -m pytest; \

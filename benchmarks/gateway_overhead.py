@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -128,6 +129,39 @@ def latency_c1(port: int, requests: int, warmup: int, auth: str = "") -> list[fl
                 raise RuntimeError(f"status {status} from port {port}")
             if index >= warmup:
                 samples.append(elapsed_ms)
+    return samples
+
+
+def latency_c1_interleaved(targets: list[Target], requests: int, warmup: int) -> list[list[float]]:
+    """Sequential requests taking turns between ``targets`` (one keep-alive connection each, in a
+    new random order every turn); milliseconds, one list per target. Consecutive requests see the
+    same machine, so a small difference survives a noisy host (run apart, two identical gateways'
+    p50s differ by more than 0.05 ms here; taking turns, by a few µs). The order is shuffled
+    because a gateway asked twice in a row answers the second time from warm CPU caches: a fixed
+    or mirrored order favours whoever sits at its ends."""
+    shuffle = random.Random(12).shuffle
+    sockets = [socket.create_connection(("127.0.0.1", target.port)) for target in targets]
+    payloads = [_request_bytes(target.port, CHAT_BODY, target.auth) for target in targets]
+    buffers = [bytearray() for _ in targets]
+    samples: list[list[float]] = [[] for _ in targets]
+    order = list(range(len(targets)))
+    try:
+        for sock in sockets:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for index in range(warmup + requests):
+            shuffle(order)
+            for which in order:
+                start = time.perf_counter()
+                sockets[which].sendall(payloads[which])
+                status, buffers[which] = _read_response(sockets[which], buffers[which])
+                elapsed_ms = (time.perf_counter() - start) * 1000
+                if status != 200:
+                    raise RuntimeError(f"status {status} from port {targets[which].port}")
+                if index >= warmup:
+                    samples[which].append(elapsed_ms)
+    finally:
+        for sock in sockets:
+            sock.close()
     return samples
 
 
@@ -559,6 +593,73 @@ def _vllm_router() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("vllm-router")
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def front_door_pairs(
+    plain: Target, twin: Target, front: Target, rounds: int, seconds: float, c1_requests: int
+) -> dict[str, Any]:
+    """The front door's cost from rounds in which three gateways take turns: the plain gateway,
+    its identical twin and the gateway with the front door on.
+
+    One long run per target lets the machine's drift decide the comparison (this machine is
+    shared: identical gorgo targets measured minutes apart have differed by 45 %). Here all three
+    are up at once. A round: ``seconds`` of wrk at 32 connections against each in turn (the order
+    rotates every round; CPU per request from /proc), then ``c1_requests`` sequential requests to
+    each, taking turns request by request (the p50s). Every round gives each gateway's ratio to
+    the plain one; the figure is the median over the rounds. The twin is the noise floor: it runs
+    the same code as the plain gateway, so its spread around 1.0 is what this machine can resolve.
+    """
+    gateways = (plain, twin, front)
+    per_round: list[dict[str, dict[str, float]]] = []
+    for index in range(rounds):
+        figures: dict[str, dict[str, float]] = {}
+        shift = index % len(gateways)
+        for target in gateways[shift:] + gateways[:shift]:
+            pid = target.process.pid
+            cpu_before = group_cpu_s(pid)
+            rps, done, _ = throughput_c32(target.port, seconds, auth=target.auth)
+            cpu_s = group_cpu_s(pid) - cpu_before
+            figures[target.name] = {"rps_c32": rps, "cpu_us_per_request": cpu_s / done * 1e6}
+        turns = latency_c1_interleaved(list(gateways), c1_requests, 50)
+        for target, latencies in zip(gateways, turns, strict=True):
+            figures[target.name]["p50_ms_c1"] = statistics.median(latencies)
+        base = figures[plain.name]
+        per_round.append(
+            {
+                other.name: {
+                    "rps_c32_ratio": round(figures[other.name]["rps_c32"] / base["rps_c32"], 4),
+                    "rps_per_core_ratio": round(
+                        base["cpu_us_per_request"] / figures[other.name]["cpu_us_per_request"], 4
+                    ),
+                    "added_cpu_us_per_request": round(
+                        figures[other.name]["cpu_us_per_request"] - base["cpu_us_per_request"], 1
+                    ),
+                    "added_p50_ms_c1": round(figures[other.name]["p50_ms_c1"] - base["p50_ms_c1"], 4),
+                }
+                for other in (twin, front)
+            }
+        )
+    summary: dict[str, Any] = {}
+    for other in (twin, front):
+        figures_of = {}
+        for name in per_round[0][other.name]:
+            q1, median, q3 = _quartiles([each[other.name][name] for each in per_round])
+            figures_of[name] = round(median, 4)
+            figures_of[f"{name}_iqr"] = [round(q1, 4), round(q3, 4)]
+        summary[other.name] = figures_of
+    summary["rounds"] = per_round
+    summary["method"] = (
+        f"{rounds} rounds, the plain gateway, its twin and the front-door gateway up together; each round "
+        f"{seconds:g} s of wrk -c32 per gateway (the order rotates), then {c1_requests} sequential requests "
+        "to each, taking turns request by request; figures are medians over the rounds of each round's "
+        "ratio or difference to the plain gateway"
+    )
+    return summary
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     python = sys.executable
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-bench-"))
@@ -675,6 +776,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[name] = {"error": str(exc)[:500]}
             finally:
                 if target is not mock:
+                    target.stop()
+        wanted = {"gorgo", "gorgo+frontdoor"}
+        if args.pair_rounds and (not args.only or wanted <= set(args.only)):
+            print(
+                f"  front door: {args.pair_rounds} rounds, taking turns with the plain gateway and its twin",
+                flush=True,
+            )
+            pair: list[Target] = []
+            try:
+                for name, front_door in (("gorgo", False), ("gorgo twin", False), ("gorgo+frontdoor", True)):
+                    pair.append(gorgo(args.algorithm, front_door=front_door))
+                    pair[-1].name = name
+                for target in pair:  # warm them up alike
+                    latency_c1(target.port, 500, warmup=0, auth=target.auth)
+                extras["front_door_pairs"] = front_door_pairs(
+                    *pair, args.pair_rounds, args.pair_seconds, min(500, args.c1_requests)
+                )
+            except Exception as exc:
+                print(f"  front door pairs: failed: {exc}", flush=True)
+                extras["front_door_pairs"] = {"error": str(exc)[:500]}
+            finally:
+                for target in pair:
                     target.stop()
     finally:
         for each in mocks + helpers:
@@ -800,13 +923,41 @@ def _markdown(report: dict[str, Any]) -> str:
         "where the request path only tests that the tracer is None and imports nothing of OpenTelemetry.",
     ]
     front_door = report.get("front_door")
-    if front_door:
+    if front_door and "added_p50_ms_c1" in front_door:
         lines += [
             "",
-            "Front door (client key + shared rate limits, `gorgo+frontdoor` against `gorgo`): "
-            f"added p50 c1 {front_door['added_p50_ms_c1']:+.3f} ms, CPU per request "
-            f"{front_door['added_cpu_us_per_request']:+.1f} µs, throughput c32 ratio {front_door['rps_c32_ratio']:.3f}.",
+            "Front door (client key + shared rate limits, `gorgo+frontdoor` against `gorgo`), from the "
+            f"table above (one run each, minutes apart): added p50 c1 {front_door['added_p50_ms_c1']:+.3f} ms, "
+            f"CPU per request {front_door['added_cpu_us_per_request']:+.1f} µs, throughput c32 ratio "
+            f"{front_door['rps_c32_ratio']:.3f}.",
         ]
+    budget = (front_door or {}).get("budget")
+    if budget:
+        pairs = front_door["paired"]
+        ours, twin = pairs["gorgo+frontdoor"], pairs["gorgo twin"]
+        lines += [
+            "",
+            f"Issue 12's budget for the front door, judged on rounds taken in turns ({pairs['method']}). "
+            "The twin runs the same code as the plain gateway: its column is this machine's noise.",
+            "",
+            "| figure (against the plain gateway) | front door: median (IQR) | budget | met | twin: median (IQR) |",
+            "|---|---:|---:|---|---:|",
+        ]
+        for name, label, bound in (
+            ("added_p50_ms_c1", "added p50 c1 (ms)", "≤ +0.05"),
+            ("rps_c32_ratio", "throughput c32 ratio", "≥ 0.90"),
+            ("rps_per_core_ratio", "req/s per core ratio", "≥ 0.90"),
+            ("added_cpu_us_per_request", "added CPU per request (µs)", ""),
+        ):
+            met = "" if name not in budget else ("yes" if budget[name]["met"] else "**no**")
+
+            def cell(figures: dict[str, Any], name: str = name) -> str:
+                low, high = figures[f"{name}_iqr"]
+                return f"{figures[name]:g} ({low:g} to {high:g})"
+
+            lines.append(f"| {label} | {cell(ours)} | {bound} | {met} | {cell(twin)} |")
+    elif (front_door or {}).get("paired"):
+        lines += ["", f"Front door paired rounds failed: {front_door['paired'].get('error')}"]
     if report.get("tracing_off_hooks_ns") is not None:
         lines.append(
             f"Tracing off: the request path's tracing hooks cost {report['tracing_off_hooks_ns']:g} ns per "
@@ -843,6 +994,13 @@ def main() -> int:
         default=800,
         help="streaming requests at concurrency 8 (and 1/8 of it at 1)",
     )
+    parser.add_argument(
+        "--pair-rounds",
+        type=int,
+        default=20,
+        help="rounds of the front-door comparison (gorgo, its twin and gorgo+frontdoor taking turns; 0: skip)",
+    )
+    parser.add_argument("--pair-seconds", type=float, default=2.0, help="wrk duration per gateway per round")
     parser.add_argument("--only", nargs="*", help="measure only these targets (direct always runs)")
     parser.add_argument("--skip-peers", action="store_true", help="direct and gorgo only")
     parser.add_argument("--with-httpx", action="store_true", help="also the bare proxy with httpx")
@@ -861,6 +1019,24 @@ def main() -> int:
             "added_cpu_us_per_request": round(front["cpu_us_per_request"] - gorgo["cpu_us_per_request"], 1),
             "rps_c32_ratio": round(front["rps_c32"] / gorgo["rps_c32"], 4),
         }
+    pairs = outcome["extras"].get("front_door_pairs")
+    if pairs and "error" not in pairs:
+        # Issue 12's budget, judged on the rounds: +0.05 ms p50 and 10 % throughput at most.
+        front_door["paired"] = pairs
+        ours = pairs["gorgo+frontdoor"]
+        front_door["budget"] = {
+            "added_p50_ms_c1": {
+                "value": ours["added_p50_ms_c1"],
+                "max": 0.05,
+                "met": ours["added_p50_ms_c1"] <= 0.05,
+            },
+            **{
+                name: {"value": ours[name], "min": 0.90, "met": ours[name] >= 0.90}
+                for name in ("rps_c32_ratio", "rps_per_core_ratio")
+            },
+        }
+    elif pairs:
+        front_door["paired"] = pairs
     two = targets.get("gorgo+frontdoor x2", {})
     workers: dict[str, Any] = {}
     if front and two and "error" not in front and "error" not in two:

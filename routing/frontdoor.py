@@ -20,6 +20,8 @@ from routing.ratelimit import RateLimiter
 from routing.usage import Usage
 
 CONCURRENCY = "concurrency"
+# Credentials already checked against the current key set, at most this many (then forgotten).
+_KNOWN_CREDENTIALS_MAX = 10_000
 
 
 class Grant:
@@ -41,23 +43,43 @@ class FrontDoor:
         self.limiter = limiter
         self._metrics = metrics
         self._open: dict[str, int] = {}  # key id -> requests open in this process
+        # (Authorization, api-key) header values -> the key they named in the key set
+        # ``_known_for``: a returning client skips parsing and hashing its secret. Only accepted
+        # credentials are kept (a stranger cannot fill it), and a new key set empties it, so a
+        # revoked key is refused from the next key set on. Expiry is checked on every request.
+        self._known: dict[tuple[bytes | None, bytes | None], ClientKeySpec] = {}
+        self._known_for: object = None
 
     def authenticate(self, headers: RequestHeaders) -> ClientKeySpec:
+        credential = (headers.authorization, headers.api_key)
+        by_hash = self.store.by_hash
+        if self._known_for is by_hash:
+            key = self._known.get(credential)
+            if key is not None and (key.expires_at is None or key.expires_at > time.time()):
+                return key
+        else:
+            self._known = {}
+            self._known_for = by_hash
         try:
-            return authenticate(
+            key = authenticate(
                 self.store, presented_secret(headers.authorization, headers.api_key), time.time()
             )
         except AuthError as exc:
             self._metrics.auth_failure(exc.reason)
             raise
+        if len(self._known) >= _KNOWN_CREDENTIALS_MAX:
+            self._known = {}
+        self._known[credential] = key
+        return key
 
     async def admit(self, key: ClientKeySpec, model: str, prompt_tokens_est: int) -> Grant:
         """Scope, concurrency and rate checks; the request counts toward the key's limits after."""
-        try:
-            authorize(key, model, self._region)
-        except AuthError as exc:
-            self._metrics.auth_failure(exc.reason)
-            raise
+        if key.models or key.regions:
+            try:
+                authorize(key, model, self._region)
+            except AuthError as exc:
+                self._metrics.auth_failure(exc.reason)
+                raise
         if key.max_concurrent is not None and self._open.get(key.id, 0) >= key.max_concurrent:
             self._metrics.rate_limited(key.id, CONCURRENCY)
             raise GatewayError(
@@ -68,23 +90,25 @@ class FrontDoor:
             )
         headers = None
         charged = 0
-        if RateLimiter.limited(key):
-            verdict = await self.limiter.check(key, prompt_tokens_est)
-            if not verdict.allowed:
-                self._metrics.rate_limited(key.id, verdict.reason or "requests")
-                limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
-                raise GatewayError(
-                    429,
-                    f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
-                    f"Please try again in {verdict.retry_after_s:.3g}s.",
-                    code="rate_limit_exceeded",
-                    retry_after_s=verdict.retry_after_s,
-                    extra_headers=verdict.headers,
-                )
-            headers = verdict.headers
+        if key.requests_per_min or key.tokens_per_min:  # RateLimiter.limited, inlined
+            headers = self.limiter.from_lease(key, prompt_tokens_est)  # the common case: no I/O
+            if headers is None:
+                verdict = await self.limiter.check(key, prompt_tokens_est)
+                if not verdict.allowed:
+                    self._metrics.rate_limited(key.id, verdict.reason or "requests")
+                    limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
+                    raise GatewayError(
+                        429,
+                        f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
+                        f"Please try again in {verdict.retry_after_s:.3g}s.",
+                        code="rate_limit_exceeded",
+                        retry_after_s=verdict.retry_after_s,
+                        extra_headers=verdict.headers,
+                    )
+                headers = verdict.headers
             charged = prompt_tokens_est if key.tokens_per_min else 0
         self._open[key.id] = self._open.get(key.id, 0) + 1
-        self.store.touch(key.id, time.monotonic())
+        self.store.used.add(key.id)
         return Grant(charged, headers)
 
     def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:

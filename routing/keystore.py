@@ -5,8 +5,8 @@ Like the policy: loaded at start (bounded in time), swapped within a second of a
 (the last good set: a revoked key stays refused, a valid key keeps working). A set with an unknown
 schema version or that does not decode is refused and the old one kept.
 
-Last use is recorded cheaply: at most once per key per ``last_used_interval_s``, collected in memory
-and written by one HSET per flush, never on the request path.
+Last use is recorded cheaply: a request adds its key's id to a set; every ``refresh_s`` the ids
+seen are stamped with the time and written by one HSET, never on the request path.
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ class KeyStore:
         keys: RedisKeys,
         *,
         refresh_s: float = 5.0,
-        last_used_interval_s: float = 60.0,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._refresh_s = refresh_s
-        self._last_used_interval_s = last_used_interval_s
         self.by_hash: dict[str, ClientKeySpec] = {}
         self.version: int | None = None
         self.loaded = asyncio.Event()
-        self._last_used_sent: dict[str, float] = {}  # key id -> when we last queued it (monotonic)
+        # Ids of the keys used since the last write of their last-use times: the request path
+        # only adds to this set; the refresh loop stamps and writes them every ``refresh_s``.
+        self.used: set[str] = set()
         self._last_used_pending: dict[str, float] = {}  # key id -> unix seconds, to write
         self._closing = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -63,13 +63,6 @@ class KeyStore:
 
     def lookup(self, secret: str) -> ClientKeySpec | None:
         return self.by_hash.get(secret_hash(secret))
-
-    def touch(self, key_id: str, now_s: float) -> None:
-        """Note a use of ``key_id``; written to Redis at most once per interval."""
-        sent = self._last_used_sent.get(key_id)
-        if sent is None or now_s - sent >= self._last_used_interval_s:
-            self._last_used_sent[key_id] = now_s
-            self._last_used_pending[key_id] = time.time()
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -139,6 +132,10 @@ class KeyStore:
                 logger.debug("keys: refresh failed (%s)", exc)
 
     async def _flush_last_used(self) -> None:
+        used, self.used = self.used, set()
+        now = time.time()
+        for key_id in used:
+            self._last_used_pending[key_id] = now
         pending, self._last_used_pending = self._last_used_pending, {}
         if not pending:
             return

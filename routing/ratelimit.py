@@ -21,7 +21,6 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -103,19 +102,27 @@ REQUESTS = "requests"
 TOKENS = "tokens"
 
 
-@dataclass(frozen=True, slots=True)
 class Verdict:
     """The answer for one request; ``headers`` are OpenAI's ``x-ratelimit-*``."""
 
-    allowed: bool
-    reason: str | None  # requests | tokens, when refused
-    retry_after_s: float
-    headers: list[tuple[bytes, bytes]]
+    __slots__ = ("allowed", "headers", "reason", "retry_after_s")
+
+    def __init__(
+        self, allowed: bool, reason: str | None, retry_after_s: float, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.allowed = allowed
+        self.reason = reason  # requests | tokens, when refused
+        self.retry_after_s = retry_after_s
+        self.headers = headers
 
 
 def _reset_text(ms: float) -> bytes:
     """OpenAI writes resets like ``1s`` or ``6m0s``; seconds with a fraction read the same way."""
     return f"{ms / 1000:.3g}s".encode() if ms >= 1 else b"0s"
+
+
+def _remaining(limit: int, left: float) -> bytes:
+    return str(min(limit, max(0, int(left)))).encode()
 
 
 def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verdict:
@@ -124,19 +131,13 @@ def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verd
     if key.requests_per_min:
         headers += [
             (b"x-ratelimit-limit-requests", str(key.requests_per_min).encode()),
-            (
-                b"x-ratelimit-remaining-requests",
-                str(min(key.requests_per_min, max(0, int(requests_left)))).encode(),
-            ),
+            (b"x-ratelimit-remaining-requests", _remaining(key.requests_per_min, requests_left)),
             (b"x-ratelimit-reset-requests", _reset_text(requests_reset_ms)),
         ]
     if key.tokens_per_min:
         headers += [
             (b"x-ratelimit-limit-tokens", str(key.tokens_per_min).encode()),
-            (
-                b"x-ratelimit-remaining-tokens",
-                str(min(key.tokens_per_min, max(0, int(tokens_left)))).encode(),
-            ),
+            (b"x-ratelimit-remaining-tokens", _remaining(key.tokens_per_min, tokens_left)),
             (b"x-ratelimit-reset-tokens", _reset_text(tokens_reset_ms)),
         ]
     return Verdict(
@@ -193,15 +194,38 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
 
 
 class _Lease:
-    """Allowance a gateway took from a key's shared buckets ahead of its next requests."""
+    """Allowance a gateway took from a key's shared buckets ahead of its next requests.
 
-    __slots__ = ("limits", "requests", "shared", "tokens")
+    Its requests are answered from memory. Their ``x-ratelimit-*`` headers are those of the
+    script's last answer (limits and resets as the shared buckets stood then); only the two
+    remaining counts change per request, so the rest is built once per lease, not per request.
+    """
 
-    def __init__(self, limits: tuple[int, int], requests: float, tokens: float, shared: list[float]) -> None:
-        self.limits = limits
+    __slots__ = ("limits", "requests", "shared_requests", "shared_tokens", "template", "tokens")
+
+    def __init__(self, key: ClientKeySpec, requests: float, tokens: float, raw: list[int]) -> None:
+        self.limits = (key.requests_per_min or 0, key.tokens_per_min or 0)
         self.requests = requests
         self.tokens = tokens
-        self.shared = shared  # the script's last answer: what the shared buckets held then
+        # What the shared buckets held at the script's answer; remaining = that + this lease.
+        self.shared_requests = raw[2]
+        self.shared_tokens = raw[4]
+        self.template = make_verdict(key, raw).headers
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        rpm, tpm = self.limits
+        headers = self.template.copy()
+        # Both counts are >= 0 here (the lease covered this request); capped at the limit.
+        if rpm:
+            left = int(self.shared_requests + self.requests)
+            headers[1] = (b"x-ratelimit-remaining-requests", str(left if left < rpm else rpm).encode())
+        if tpm:
+            left = int(self.shared_tokens + self.tokens)
+            headers[4 if rpm else 1] = (
+                b"x-ratelimit-remaining-tokens",
+                str(left if left < tpm else tpm).encode(),
+            )
+        return headers
 
 
 class RateLimiter:
@@ -213,7 +237,7 @@ class RateLimiter:
         keys: RedisKeys,
         *,
         retry_after_s: float = 1.0,
-        settle_interval_s: float = 0.1,
+        settle_interval_s: float = 0.5,
         lease_fraction: float = 0.01,
     ) -> None:
         self._redis = redis
@@ -235,6 +259,26 @@ class RateLimiter:
     def limited(key: ClientKeySpec) -> bool:
         return bool(key.requests_per_min or key.tokens_per_min)
 
+    def from_lease(self, key: ClientKeySpec, cost_tokens: int) -> list[tuple[bytes, bytes]] | None:
+        """Charge the request to this gateway's lease when it covers it (no I/O) and return its
+        ``x-ratelimit-*`` headers; ``None`` when ``check`` must ask Redis."""
+        lease = self._leases.get(key.id)
+        if lease is None:
+            return None
+        rpm, tpm = lease.limits
+        if (
+            rpm != (key.requests_per_min or 0)
+            or tpm != (key.tokens_per_min or 0)
+            or (rpm and lease.requests < 1)
+            or (tpm and lease.tokens < cost_tokens)
+        ):
+            return None
+        if rpm:
+            lease.requests -= 1
+        if tpm:
+            lease.tokens -= cost_tokens
+        return lease.headers()
+
     async def check(self, key: ClientKeySpec, cost_tokens: int) -> Verdict:
         """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it.
 
@@ -244,22 +288,12 @@ class RateLimiter:
         leasing never lets the fleet admit more than the limits; it only lets one gateway hold
         (at most ``lease_fraction`` of a minute's) allowance the others then cannot use.
         """
+        headers = self.from_lease(key, cost_tokens)
+        if headers is not None:
+            return Verdict(True, None, 0.0, headers)
         rpm = key.requests_per_min or 0
         tpm = key.tokens_per_min or 0
         lease = self._leases.get(key.id)
-        if (
-            lease is not None
-            and lease.limits == (rpm, tpm)
-            and (not rpm or lease.requests >= 1)
-            and (not tpm or lease.tokens >= cost_tokens)
-        ):
-            lease.requests -= 1 if rpm else 0
-            lease.tokens -= cost_tokens if tpm else 0
-            shared = lease.shared
-            return make_verdict(
-                key,
-                (1, 0, shared[2] + lease.requests, shared[3], shared[4] + lease.tokens, shared[5], 0),
-            )
         now = time.monotonic()
         if now >= self._redis_skip_until:
             leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
@@ -283,15 +317,13 @@ class RateLimiter:
                 if not raw[0]:
                     return make_verdict(key, raw)
                 lease = self._leases[key.id] = _Lease(
-                    (rpm, tpm),
+                    key,
                     raw[7] + (leftover.requests if leftover else 0),
                     raw[8] + (leftover.tokens if leftover else 0),
                     list(raw),
                 )
                 # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
-                return make_verdict(
-                    key, (1, 0, raw[2] + lease.requests, raw[3], raw[4] + lease.tokens, raw[5], 0)
-                )
+                return Verdict(True, None, 0.0, lease.headers())
         self.fallbacks += 1
         return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
 

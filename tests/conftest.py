@@ -173,6 +173,27 @@ def processes(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Proces
     group.stop_all()
 
 
+# Fixtures that give a test the Django test database.
+_DATABASE_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+    "admin_user",
+    "admin_client",
+    "django_user_model",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that touch the Django database ``uses_db``: ``make test`` runs those again
+    on SQLite after the full suite on PostgreSQL (the rest does not depend on the database)."""
+    for item in items:
+        if item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.uses_db)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -163,3 +163,65 @@ class TestDemoTraffic:
             without = await run_plan(plan, {"us-east": gateway.url}, model=MODEL)
         assert with_key and all(result.ok for result in with_key)
         assert without and not any(result.ok for result in without)
+
+
+class TestKnownCredentials:
+    """The front door remembers credentials it accepted; that must never outlive a key's rights."""
+
+    @staticmethod
+    def door(*specs):
+        from redis.asyncio import Redis
+
+        from routing.contract import RedisKeys
+        from routing.frontdoor import FrontDoor
+        from routing.keystore import KeyStore
+        from routing.metrics import GatewayMetrics
+        from routing.ratelimit import RateLimiter
+
+        client = Redis()  # never connected: nothing here talks to Redis
+        store = KeyStore(client, RedisKeys(prefix="unused"))
+        store.by_hash = {spec.secret_sha256: spec for spec in specs}
+        return FrontDoor("local", store, RateLimiter(client, RedisKeys(prefix="unused")), GatewayMetrics())
+
+    @staticmethod
+    def headers(secret: str):
+        from routing.asgi import scan_request_headers
+
+        return scan_request_headers(
+            [(b"authorization", f"Bearer {secret}".encode())], None, keep_credentials=False
+        )
+
+    def test_an_accepted_key_is_refused_once_it_expires(self):
+        import pytest
+
+        from routing.auth import AuthError
+
+        door = self.door(make_key(SECRET, expires_at=time.time() + 0.2))
+        assert door.authenticate(self.headers(SECRET)).id == "k1"
+        time.sleep(0.25)
+        with pytest.raises(AuthError) as refused:
+            door.authenticate(self.headers(SECRET))
+        assert refused.value.reason == "expired"
+
+    def test_a_new_key_set_forgets_what_the_old_one_accepted(self):
+        import pytest
+
+        from routing.auth import AuthError
+
+        door = self.door(make_key(SECRET))
+        assert door.authenticate(self.headers(SECRET)).id == "k1"
+        door.store.by_hash = {make_key(SECRET, revoked=True).secret_sha256: make_key(SECRET, revoked=True)}
+        with pytest.raises(AuthError) as refused:
+            door.authenticate(self.headers(SECRET))
+        assert refused.value.reason == "revoked"
+
+    def test_refused_credentials_are_not_remembered(self):
+        import pytest
+
+        from routing.auth import AuthError
+
+        door = self.door(make_key(SECRET))
+        for index in range(100):
+            with pytest.raises(AuthError):
+                door.authenticate(self.headers(f"gorgo-sk-guess-{index}"))
+        assert door._known == {}

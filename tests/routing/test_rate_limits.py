@@ -151,6 +151,36 @@ class TestLeases:
         assert [round(level) for level in levels] == [296, 296, 296, 296, 292]
         assert verdict.headers[1] == (b"x-ratelimit-remaining-requests", b"295")
 
+    async def test_answers_from_a_lease_carry_the_same_headers_as_the_scripts(self, redis_url, redis_keys):
+        # A lease builds its x-ratelimit-* headers once; only the remaining counts change per request.
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        both = make_key(SECRET, requests_per_min=6000, tokens_per_min=100_000)
+        tokens_only = make_key("gorgo-sk-k2-tokens", key_id="k2", tokens_per_min=100_000)
+        try:
+            answers = [await limiter.check(both, 10) for _ in range(3)]
+            token_answers = [await limiter.check(tokens_only, 10) for _ in range(3)]
+        finally:
+            await client.aclose()
+        names = [name.decode() for name, _ in answers[0].headers]
+        assert names == [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ]
+        for answer in answers[1:]:
+            assert [name for name, _ in answer.headers] == [name for name, _ in answers[0].headers]
+        fields = [dict(answer.headers) for answer in answers]
+        assert [int(f[b"x-ratelimit-remaining-requests"]) for f in fields] == [5999, 5998, 5997]
+        assert [int(f[b"x-ratelimit-remaining-tokens"]) for f in fields] == [99_990, 99_980, 99_970]
+        assert {f[b"x-ratelimit-limit-tokens"] for f in fields} == {b"100000"}
+        token_fields = [dict(answer.headers) for answer in token_answers]
+        assert all(len(answer.headers) == 3 for answer in token_answers)
+        assert [int(f[b"x-ratelimit-remaining-tokens"]) for f in token_fields] == [99_990, 99_980, 99_970]
+
     async def test_a_lease_short_of_tokens_does_not_hoard_requests(self, redis_url, redis_keys):
         # Seen under `make run`: x-ratelimit-remaining-requests 6688 for a 6000/min key, because each
         # refill for tokens carried the unused requests over and added a fresh slice on top.
