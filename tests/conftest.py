@@ -190,7 +190,9 @@ def pytest_collection_modifyitems(config, items):
     """Mark the tests that touch the Django database ``uses_db``: ``make test`` runs those again
     on SQLite after the full suite on PostgreSQL (the rest does not depend on the database)."""
     for item in items:
-        if item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        ):
             item.add_marker(pytest.mark.uses_db)
 
 
