@@ -171,8 +171,6 @@ def test_real_workers_measure_the_emulated_fleet(stack):
     for entry in table.entries:
         expected = topology.rtt_ms(entry.region, node_region[names[entry.node_id]])
         assert entry.rtt_ms >= expected, entry  # the emulated delay is a floor
-        # Closer to its own matrix cell than to any other RTT of the topology (no tight upper bound).
-        assert min(expected_values, key=lambda v: abs(v - entry.rtt_ms)) == expected, entry
     medians = query(
         db,
         "SELECT r.slug, n.name, s.rtt_ms FROM telemetry_rttsample s JOIN fleet_region r ON r.id = s.region_id "
@@ -183,7 +181,12 @@ def test_real_workers_measure_the_emulated_fleet(stack):
         by_pair.setdefault((region, name), []).append(rtt_ms)
     assert len(by_pair) == 9
     for (region, name), samples in by_pair.items():
-        assert sorted(samples)[len(samples) // 2] >= topology.rtt_ms(region, node_region[name])
+        expected = topology.rtt_ms(region, node_region[name])
+        assert sorted(samples)[len(samples) // 2] >= expected
+        # Each pair's fastest probe is closer to its own matrix cell than to any other RTT of the
+        # topology. The fastest, not the median or the table's value: a busy machine only ever adds
+        # delay (scheduling, a full loop), so under load a median drifted toward the next cell up.
+        assert min(expected_values, key=lambda v: abs(v - min(samples))) == expected, (region, name, samples)
 
     # 2. Prefix-cache hit rate rises when prompts repeat.
     url = stack["urls"]["us-east-1"]
