@@ -212,18 +212,23 @@ class _Lease:
         self.shared_tokens = raw[4]
         self.template = make_verdict(key, raw).headers
 
-    def headers(self) -> list[tuple[bytes, bytes]]:
+    def headers(self, cost_tokens: int) -> list[tuple[bytes, bytes]]:
+        """The headers of a request just charged ``cost_tokens`` (and one request) to this lease.
+
+        Remaining = the shared buckets as of the script's answer + what this lease still holds.
+        The bucket refills while the lease is held, so that sum can pass the limit; a client is
+        never told more than the limit minus what its request just used.
+        """
         rpm, tpm = self.limits
         headers = self.template.copy()
-        # Both counts are >= 0 here (the lease covered this request); capped at the limit.
         if rpm:
-            left = int(self.shared_requests + self.requests)
-            headers[1] = (b"x-ratelimit-remaining-requests", str(left if left < rpm else rpm).encode())
+            left = min(int(self.shared_requests + self.requests), rpm - 1)
+            headers[1] = (b"x-ratelimit-remaining-requests", str(left if left > 0 else 0).encode())
         if tpm:
-            left = int(self.shared_tokens + self.tokens)
+            left = min(int(self.shared_tokens + self.tokens), tpm - cost_tokens)
             headers[4 if rpm else 1] = (
                 b"x-ratelimit-remaining-tokens",
-                str(left if left < tpm else tpm).encode(),
+                str(left if left > 0 else 0).encode(),
             )
         return headers
 
@@ -277,7 +282,7 @@ class RateLimiter:
             lease.requests -= 1
         if tpm:
             lease.tokens -= cost_tokens
-        return lease.headers()
+        return lease.headers(cost_tokens)
 
     async def check(self, key: ClientKeySpec, cost_tokens: int) -> Verdict:
         """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it.
@@ -323,7 +328,7 @@ class RateLimiter:
                     list(raw),
                 )
                 # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
-                return Verdict(True, None, 0.0, lease.headers())
+                return Verdict(True, None, 0.0, lease.headers(cost_tokens))
         self.fallbacks += 1
         return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
 

@@ -181,6 +181,20 @@ class TestLeases:
         assert all(len(answer.headers) == 3 for answer in token_answers)
         assert [int(f[b"x-ratelimit-remaining-tokens"]) for f in token_fields] == [99_990, 99_980, 99_970]
 
+    def test_a_charged_request_never_reads_as_the_full_limit_remaining(self):
+        # Seen under `make run`: x-ratelimit-remaining-requests 6000 on a 6000/min key right after a
+        # request. The bucket had refilled to full while the gateway still held leased allowance.
+        from routing.ratelimit import _Lease
+
+        key = make_key(SECRET, requests_per_min=6000, tokens_per_min=100_000)
+        # The script's answer: the shared buckets full again (less this request), 59 requests and
+        # 900 tokens still leased here.
+        lease = _Lease(key, 59, 900, [1, 0, 5999, 10, 99_990, 10, 0, 0, 0])
+        fields = dict(lease.headers(10))
+        assert int(fields[b"x-ratelimit-remaining-requests"]) == 5999
+        assert int(fields[b"x-ratelimit-remaining-tokens"]) == 99_990
+        assert fields[b"x-ratelimit-limit-requests"] == b"6000"
+
     async def test_a_lease_short_of_tokens_does_not_hoard_requests(self, redis_url, redis_keys):
         # Seen under `make run`: x-ratelimit-remaining-requests 6688 for a 6000/min key, because each
         # refill for tokens carried the unused requests over and added a fresh slice on top.
