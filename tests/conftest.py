@@ -196,6 +196,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.uses_db)
 
 
+@pytest.fixture(autouse=True)
+def _close_connections_of_the_async_thread(request):
+    """Close the database connection asgiref's sync thread opened for this test, if any.
+
+    Async code (the dashboard socket's auth middleware) reaches the database on asgiref's single
+    sync thread, whose connection outlives the test; on PostgreSQL it then kept the test database
+    from being dropped at the end of the run ("being accessed by other users")."""
+    yield
+    if request.node.get_closest_marker("uses_db") is None:
+        return
+    from asgiref.sync import SyncToAsync
+    from django.db import connections
+
+    SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
