@@ -29,6 +29,10 @@ process group, from /proc, during the wrk run, divided by the requests wrk compl
 benchmarks/results/gateway_overhead.{json,md}; the issue 15 targets compare ``gorgo+frontdoor``
 with ``vllm-router`` from the same run.
 
+Issue 12's budget for the front door (+0.05 ms p50, 10 % throughput) is judged apart, after the
+table: ``gorgo``, an identical twin and ``gorgo+frontdoor`` take turns for ``--pair-rounds``
+rounds (see ``front_door_pairs``); medians and IQRs over the rounds, the twin as the noise floor.
+
 The mock backend and the minimal proxies live in benchmarks/overhead_servers.py.
 """
 
