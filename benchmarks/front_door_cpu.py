@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from routing.asgi import scan_request_headers  # noqa: E402
+from routing.concurrency import ConcurrencyLimiter  # noqa: E402
 from routing.contract import ClientKeySpec, RedisKeys  # noqa: E402
 from routing.frontdoor import FrontDoor  # noqa: E402
 from routing.keystore import KeyStore, secret_hash  # noqa: E402
@@ -50,7 +51,9 @@ async def measure() -> dict[str, float]:
         tokens_per_min=1_000_000_000_000,
     )
     store.by_hash = {key.secret_sha256: key}
-    door = FrontDoor("bench", store, RateLimiter(redis, keys), GatewayMetrics())
+    door = FrontDoor(
+        "bench", store, RateLimiter(redis, keys), ConcurrencyLimiter(redis, keys, "bench"), GatewayMetrics()
+    )
     headers = [
         (b"host", b"127.0.0.1:9001"),
         (b"content-type", b"application/json"),

@@ -27,6 +27,7 @@ from routing.algorithms.base import AlgorithmInfo
 from routing.asgi import Receive, Scope, Send, send_response
 from routing.background import run_bounded
 from routing.breaker import Breakers
+from routing.concurrency import ConcurrencyLimiter
 from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
@@ -189,6 +190,7 @@ class Gateway:
                 config.region,
                 KeyStore(redis, keys, refresh_s=config.key_refresh_s),
                 RateLimiter(limiter_redis, keys, lease_fraction=config.ratelimit_lease_fraction),
+                ConcurrencyLimiter(limiter_redis, keys, config.gateway_id),
                 metrics,
             )
         metrics.add_state_collector(
@@ -254,6 +256,7 @@ class Gateway:
         if front_door is not None:
             await front_door.store.start()
             front_door.limiter.start()
+            front_door.concurrency.start()
         request_log.start()
         self.runtime.prober.start()
         await sharing.start()
@@ -284,6 +287,7 @@ class Gateway:
         if runtime.front_door is not None:
             await runtime.front_door.store.close()
             await runtime.front_door.limiter.close()
+            await runtime.front_door.concurrency.close()
         await runtime.prober.close()
         await run_bounded(runtime.sharing.stop(), 3.0, "gorgo-sharing-stop")
         self._kv_report_stop.set()

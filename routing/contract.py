@@ -128,6 +128,10 @@ class RedisKeys:
         """HASH: a client key's shared token buckets (requests and tokens), kept by gateways."""
         return f"{self.prefix}:ratelimit:{key_id}"
 
+    def concurrency(self, key_id: str) -> str:
+        """HASH: gateway id -> ``count:ms``, the requests of a client key each gateway has open."""
+        return f"{self.prefix}:concurrency:{key_id}"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"

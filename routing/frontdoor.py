@@ -12,6 +12,7 @@ import time
 
 from routing.asgi import RequestHeaders
 from routing.auth import AuthError, authenticate, authorize, presented_secret
+from routing.concurrency import ConcurrencyLimiter
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
 from routing.keystore import KeyStore
@@ -27,22 +28,30 @@ _KNOWN_CREDENTIALS_MAX = 10_000
 class Grant:
     """What ``admit`` granted one request: undone by ``done``."""
 
-    __slots__ = ("charged_tokens", "headers")
+    __slots__ = ("charged_tokens", "headers", "slot")
 
-    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None) -> None:
+    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None, slot: bool) -> None:
         self.charged_tokens = charged_tokens
         self.headers = headers
+        self.slot = slot  # a concurrency slot was taken (the key has a max_concurrent)
 
 
 class FrontDoor:
     """Client keys and their limits, for one gateway process."""
 
-    def __init__(self, region: str, store: KeyStore, limiter: RateLimiter, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        region: str,
+        store: KeyStore,
+        limiter: RateLimiter,
+        concurrency: ConcurrencyLimiter,
+        metrics: GatewayMetrics,
+    ) -> None:
         self._region = region
         self.store = store
         self.limiter = limiter
+        self.concurrency = concurrency
         self._metrics = metrics
-        self._open: dict[str, int] = {}  # key id -> requests open in this process
         # (Authorization, api-key) header values -> the key they named in the key set
         # ``_known_for``: a returning client skips parsing and hashing its secret. Only accepted
         # credentials are kept (a stranger cannot fill it), and a new key set empties it, so a
@@ -80,7 +89,8 @@ class FrontDoor:
             except AuthError as exc:
                 self._metrics.auth_failure(exc.reason)
                 raise
-        if key.max_concurrent is not None and self._open.get(key.id, 0) >= key.max_concurrent:
+        slot = key.max_concurrent is not None
+        if slot and not await self.concurrency.acquire(key):
             self._metrics.rate_limited(key.id, CONCURRENCY)
             raise GatewayError(
                 429,
@@ -93,30 +103,39 @@ class FrontDoor:
         if key.requests_per_min or key.tokens_per_min:  # RateLimiter.limited, inlined
             headers = self.limiter.from_lease(key, prompt_tokens_est)  # the common case: no I/O
             if headers is None:
-                verdict = await self.limiter.check(key, prompt_tokens_est)
-                if not verdict.allowed:
-                    self._metrics.rate_limited(key.id, verdict.reason or "requests")
-                    limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
-                    raise GatewayError(
-                        429,
-                        f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
-                        f"Please try again in {verdict.retry_after_s:.3g}s.",
-                        code="rate_limit_exceeded",
-                        retry_after_s=verdict.retry_after_s,
-                        extra_headers=verdict.headers,
-                    )
-                headers = verdict.headers
+                try:
+                    headers = await self._check(key, prompt_tokens_est)
+                except BaseException:
+                    if slot:
+                        self.concurrency.release(key)
+                    raise
             charged = prompt_tokens_est if key.tokens_per_min else 0
-        self._open[key.id] = self._open.get(key.id, 0) + 1
         self.store.used.add(key.id)
-        return Grant(charged, headers)
+        return Grant(charged, headers, slot)
+
+    async def _check(self, key: ClientKeySpec, prompt_tokens_est: int) -> list[tuple[bytes, bytes]]:
+        """The rate limits when this gateway's lease does not cover the request: Redis; 429 if used up."""
+        verdict = await self.limiter.check(key, prompt_tokens_est)
+        if not verdict.allowed:
+            self._metrics.rate_limited(key.id, verdict.reason or "requests")
+            limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
+            raise GatewayError(
+                429,
+                f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
+                f"Please try again in {verdict.retry_after_s:.3g}s.",
+                code="rate_limit_exceeded",
+                retry_after_s=verdict.retry_after_s,
+                extra_headers=verdict.headers,
+            )
+        return verdict.headers
 
     def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:
         """The request is over: free its concurrency slot, settle its tokens, count it."""
         self._metrics.key_request(key.id, key.priority, status)
         if grant is None:
             return
-        self._open[key.id] -= 1
+        if grant.slot:
+            self.concurrency.release(key)
         if grant.charged_tokens or key.tokens_per_min:
             if usage is not None and usage.prompt_tokens is not None:
                 used = usage.prompt_tokens + (usage.completion_tokens or 0)

@@ -62,7 +62,7 @@ class ClientKey(models.Model):
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text="Open requests at once, per gateway process. Empty: unlimited.",
+        help_text="Open requests at once, across every gateway. Empty: unlimited.",
     )
     priority = models.CharField(
         max_length=16, choices=PriorityChoices.choices, default=PriorityChoices.INTERACTIVE

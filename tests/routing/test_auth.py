@@ -172,6 +172,7 @@ class TestKnownCredentials:
     def door(*specs):
         from redis.asyncio import Redis
 
+        from routing.concurrency import ConcurrencyLimiter
         from routing.contract import RedisKeys
         from routing.frontdoor import FrontDoor
         from routing.keystore import KeyStore
@@ -181,7 +182,14 @@ class TestKnownCredentials:
         client = Redis()  # never connected: nothing here talks to Redis
         store = KeyStore(client, RedisKeys(prefix="unused"))
         store.by_hash = {spec.secret_sha256: spec for spec in specs}
-        return FrontDoor("local", store, RateLimiter(client, RedisKeys(prefix="unused")), GatewayMetrics())
+        unused = RedisKeys(prefix="unused")
+        return FrontDoor(
+            "local",
+            store,
+            RateLimiter(client, unused),
+            ConcurrencyLimiter(client, unused, "gw-test"),
+            GatewayMetrics(),
+        )
 
     @staticmethod
     def headers(secret: str):

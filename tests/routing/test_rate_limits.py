@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from routing.concurrency import ConcurrencyLimiter
 from routing.contract import RedisKeys
 from routing.ratelimit import RateLimiter, make_limiter_redis
 from tests.conftest import free_port
@@ -109,7 +110,98 @@ class TestRateLimits:
         assert not await aredis.exists(redis_keys.rate_limit("k1"))
 
 
+class TestFleetConcurrency:
+    """max_concurrent holds across gateways: each writes its own open count, admission sums them."""
+
+    async def test_two_gateways_share_one_concurrency_limit(self, aredis, redis_keys, redis_url, stubs):
+        # Before: counted per gateway process, so two gateways admitted twice the limit.
+        await setup(aredis, redis_keys, stubs, max_concurrent=2)
+        slow = {**BODY, "stub": {"delay_s": 1.0}}
+        first = gateway_config(redis_keys, redis_url, auth="on", gateway_id="gw-a")
+        second = gateway_config(redis_keys, redis_url, auth="on", gateway_id="gw-b")
+        async with running_gateway(first) as a, running_gateway(second) as b:
+            held = [
+                asyncio.create_task(a.http.post("/v1/chat/completions", json=slow, headers=AUTH))
+                for _ in range(2)
+            ]
+
+            async def both_open_at_a() -> bool:
+                value = await aredis.hget(redis_keys.concurrency("k1"), "gw-a")
+                return value is not None and value.split(b":")[0] == b"2"
+
+            await wait_for(both_open_at_a, timeout_s=2.0)
+            refused = await b.http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+            answers = await asyncio.gather(*held)
+
+            async def admitted_again() -> bool:
+                answer = await b.http.post("/v1/chat/completions", json=BODY, headers=AUTH)
+                return answer.status_code == 200
+
+            await wait_for(admitted_again, timeout_s=2.0)  # a's slots came back
+        assert [answer.status_code for answer in answers] == [200, 200]
+        assert refused.status_code == 429
+        assert "concurrent" in refused.json()["error"]["message"]
+
+    async def test_a_silent_gateways_count_stops_counting(self, redis_url, redis_keys):
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = ConcurrencyLimiter(client, redis_keys, "gw-live", stale_s=30.0)
+        key = make_key(SECRET, max_concurrent=1)
+        hash_key = redis_keys.concurrency(key.id)
+        try:
+            seconds, micros = await client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            await client.hset(hash_key, "gw-dead", f"1:{now_ms - 31_000}")  # a gateway gone 31 s ago
+            assert await limiter.acquire(key)
+            assert await client.hget(hash_key, "gw-dead") is None  # and its field is cleaned up
+            limiter.release(key)
+            await client.hset(hash_key, "gw-busy", f"1:{now_ms}")  # another gateway's open request
+            assert not await limiter.acquire(key)
+            assert limiter.open[key.id] == 0
+        finally:
+            await client.delete(hash_key)
+            await client.aclose()
+
+    async def test_counts_are_written_back_and_removed_at_zero(self, redis_url, redis_keys):
+        client = make_limiter_redis(redis_url, 0.25)
+        limiter = ConcurrencyLimiter(client, redis_keys, "gw-1", flush_s=0.05)
+        key = make_key(SECRET, max_concurrent=5)
+        hash_key = redis_keys.concurrency(key.id)
+        limiter.start()
+        try:
+            for _ in range(3):
+                assert await limiter.acquire(key)
+            limiter.release(key)
+
+            async def reads(count: bytes) -> bool:
+                value = await client.hget(hash_key, "gw-1")
+                return (value is None and count == b"") or (
+                    value is not None and value.split(b":")[0] == count
+                )
+
+            await wait_for(lambda: reads(b"2"), timeout_s=1.0)
+            limiter.release(key)
+            limiter.release(key)
+            await wait_for(lambda: reads(b""), timeout_s=1.0)
+        finally:
+            await limiter.close()
+            await client.delete(hash_key)
+            await client.aclose()
+
+
 class TestRedisDownFallback:
+    async def test_concurrency_falls_back_to_this_gateways_count(self):
+        dead = make_limiter_redis(f"redis://127.0.0.1:{free_port()}/0", 0.2)
+        limiter = ConcurrencyLimiter(dead, RedisKeys(prefix="unused"), "gw-1")
+        key = make_key(SECRET, max_concurrent=1)
+        try:
+            assert await limiter.acquire(key)
+            assert not await limiter.acquire(key)  # never "unlimited"
+            limiter.release(key)
+            assert await limiter.acquire(key)
+        finally:
+            await dead.aclose()
+        assert limiter.fallbacks == 2
+
     async def test_it_falls_back_to_local_limits_never_to_unlimited(self):
         dead = make_limiter_redis(f"redis://127.0.0.1:{free_port()}/0", 0.2)
         limiter = RateLimiter(dead, RedisKeys(prefix="unused"))
