@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -58,6 +59,26 @@ def envfloat(name: str, default: float, *, minimum: float | None = None) -> floa
 def envstr(name: str, default: str) -> str:
     raw = os.environ.get(name)
     return default if raw is None or raw == "" else raw
+
+
+def credentials_in_userinfo(url: str) -> str:
+    """``url`` with ``?username=``/``?password=`` moved into its userinfo (``redis://u:p@host``).
+
+    redis-py reads both forms; Celery's kombu fails on the query form with a TypeError (it passes
+    the password twice), and its start-up banner masks only a userinfo password. Everything else
+    in the URL is kept as it was.
+    """
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    names = {name for name, _ in pairs}
+    if "password" not in names or parts.password is not None:
+        return url
+    found = dict(pairs)
+    user = found.get("username", parts.username or "")
+    host = parts.netloc.rpartition("@")[2]
+    userinfo = f"{quote(user, safe='')}:{quote(found['password'], safe='')}"
+    rest = [(name, value) for name, value in pairs if name not in ("username", "password")]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}", query=urlencode(rest)))
 
 
 def envlist(name: str, default: str) -> list[str]:
@@ -244,8 +265,8 @@ CHANNEL_LAYERS = {
     }
 }
 
-CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
-CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_BROKER_URL = credentials_in_userinfo(envstr("CELERY_BROKER_URL", REDIS_URL))
+CELERY_RESULT_BACKEND = credentials_in_userinfo(envstr("CELERY_RESULT_BACKEND", REDIS_URL))
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_DEFAULT_QUEUE = envstr("CELERY_TASK_DEFAULT_QUEUE", f"{GORGO_REDIS_PREFIX}.default")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{GORGO_REDIS_PREFIX}:celery:"}
