@@ -70,10 +70,9 @@ def credentials_in_userinfo(url: str) -> str:
     """
     parts = urlsplit(url)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    names = {name for name, _ in pairs}
-    if "password" not in names or parts.password is not None:
-        return url
     found = dict(pairs)
+    if "password" not in found or parts.password is not None:
+        return url
     user = found.get("username", parts.username or "")
     host = parts.netloc.rpartition("@")[2]
     userinfo = f"{quote(user, safe='')}:{quote(found['password'], safe='')}"

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from routing.background import sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
+from routing.ratelimit import RedisBackoff
 
 logger = logging.getLogger("routing.concurrency")
 
@@ -95,12 +96,11 @@ class ConcurrencyLimiter:
         self._stale_ms = int(stale_s * 1000)
         self._heartbeat_s = heartbeat_s
         self._flush_s = flush_s
-        self._retry_after_s = retry_after_s
+        self.backoff = RedisBackoff(retry_after_s, "concurrency limits")
         self._acquire = redis.register_script(_ACQUIRE)
         self._report = redis.register_script(_REPORT)
         self.open: dict[str, int] = {}  # key id -> requests open in this gateway
         self._dirty: set[str] = set()  # key ids whose count changed since the last flush
-        self._redis_skip_until = 0.0  # monotonic: count locally only until then
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.fallbacks = 0  # admissions decided locally because Redis was unreachable
@@ -114,28 +114,22 @@ class ConcurrencyLimiter:
             return False
         self.open[key.id] = own  # reserved before the await: concurrent admissions here see it
         now = time.monotonic()
-        if now < self._redis_skip_until:
-            self.fallbacks += 1
-            self._dirty.add(key.id)
-            return True
-        try:
-            # The client's own socket timeouts bound this (routing.ratelimit.make_limiter_redis).
-            admitted, _others = await self._acquire(
-                keys=[self._keys.concurrency(key.id)],
-                args=[self._gateway_id, own, limit, self._stale_ms],
-            )
-        except (RedisError, OSError, TimeoutError) as exc:
-            if self._redis_skip_until <= now:
-                logger.warning(
-                    "concurrency limits: Redis unreachable (%s); per-gateway counts meanwhile", exc
+        if self.backoff.up(now):
+            try:
+                # The client's own socket timeouts bound this (routing.ratelimit.make_limiter_redis).
+                admitted, _others = await self._acquire(
+                    keys=[self._keys.concurrency(key.id)],
+                    args=[self._gateway_id, own, limit, self._stale_ms],
                 )
-            self._redis_skip_until = now + self._retry_after_s
-            self.fallbacks += 1
-            self._dirty.add(key.id)
-            return True
-        if not admitted:
-            self.release(key)
-            return False
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.backoff.failed(now, exc)
+            else:
+                if not admitted:
+                    self.release(key)
+                    return False
+                return True
+        self.fallbacks += 1  # this gateway's own count decided
+        self._dirty.add(key.id)
         return True
 
     def release(self, key: ClientKeySpec) -> None:
@@ -167,7 +161,7 @@ class ConcurrencyLimiter:
 
     async def _flush(self) -> None:
         dirty, self._dirty = self._dirty, set()
-        if not dirty or time.monotonic() < self._redis_skip_until:
+        if not dirty or not self.backoff.up(time.monotonic()):
             self._dirty |= dirty
             return
         try:

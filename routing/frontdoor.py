@@ -28,12 +28,11 @@ _KNOWN_CREDENTIALS_MAX = 10_000
 class Grant:
     """What ``admit`` granted one request: undone by ``done``."""
 
-    __slots__ = ("charged_tokens", "headers", "slot")
+    __slots__ = ("charged_tokens", "headers")
 
-    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None, slot: bool) -> None:
+    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None) -> None:
         self.charged_tokens = charged_tokens
         self.headers = headers
-        self.slot = slot  # a concurrency slot was taken (the key has a max_concurrent)
 
 
 class FrontDoor:
@@ -100,7 +99,7 @@ class FrontDoor:
             )
         headers = None
         charged = 0
-        if key.requests_per_min or key.tokens_per_min:  # RateLimiter.limited, inlined
+        if key.requests_per_min or key.tokens_per_min:
             headers = self.limiter.from_lease(key, prompt_tokens_est)  # the common case: no I/O
             if headers is None:
                 try:
@@ -111,7 +110,7 @@ class FrontDoor:
                     raise
             charged = prompt_tokens_est if key.tokens_per_min else 0
         self.store.used.add(key.id)
-        return Grant(charged, headers, slot)
+        return Grant(charged, headers)
 
     async def _check(self, key: ClientKeySpec, prompt_tokens_est: int) -> list[tuple[bytes, bytes]]:
         """The rate limits when this gateway's lease does not cover the request: Redis; 429 if used up."""
@@ -134,7 +133,7 @@ class FrontDoor:
         self._metrics.key_request(key.id, key.priority, status)
         if grant is None:
             return
-        if grant.slot:
+        if key.max_concurrent is not None:  # the same key object admit took a slot for
             self.concurrency.release(key)
         if grant.charged_tokens or key.tokens_per_min:
             if usage is not None and usage.prompt_tokens is not None:

@@ -193,6 +193,26 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
     )
 
 
+class RedisBackoff:
+    """After a failed Redis call, answer locally for ``retry_after_s`` so requests do not each pay
+    a timeout; warn once per outage. Used by the rate and the concurrency limiters."""
+
+    __slots__ = ("_retry_after_s", "_what", "until")
+
+    def __init__(self, retry_after_s: float, what: str) -> None:
+        self._retry_after_s = retry_after_s
+        self._what = what
+        self.until = 0.0  # monotonic: local answers only until then
+
+    def up(self, now: float) -> bool:
+        return now >= self.until
+
+    def failed(self, now: float, exc: BaseException) -> None:
+        if self.until <= now:
+            logger.warning("%s: Redis unreachable (%s); per-gateway limits meanwhile", self._what, exc)
+        self.until = now + self._retry_after_s
+
+
 class _Lease:
     """Allowance a gateway took from a key's shared buckets ahead of its next requests.
 
@@ -222,13 +242,14 @@ class _Lease:
         rpm, tpm = self.limits
         headers = self.template.copy()
         if rpm:
-            left = min(int(self.shared_requests + self.requests), rpm - 1)
-            headers[1] = (b"x-ratelimit-remaining-requests", str(left if left > 0 else 0).encode())
+            headers[1] = (
+                b"x-ratelimit-remaining-requests",
+                _remaining(rpm - 1, self.shared_requests + self.requests),
+            )
         if tpm:
-            left = min(int(self.shared_tokens + self.tokens), tpm - cost_tokens)
             headers[4 if rpm else 1] = (
                 b"x-ratelimit-remaining-tokens",
-                str(left if left > 0 else 0).encode(),
+                _remaining(tpm - cost_tokens, self.shared_tokens + self.tokens),
             )
         return headers
 
@@ -247,22 +268,17 @@ class RateLimiter:
     ) -> None:
         self._redis = redis
         self._keys = keys
-        self._retry_after_s = retry_after_s
+        self.backoff = RedisBackoff(retry_after_s, "rate limits")
         self._settle_interval_s = settle_interval_s
         self._lease_fraction = lease_fraction
         self._leases: dict[str, _Lease] = {}
         self._check = redis.register_script(_CHECK)
         self._settle = redis.register_script(_SETTLE)
         self.local = LocalBuckets()
-        self._redis_skip_until = 0.0  # monotonic: use the local buckets until then
         self._pending: dict[tuple[str, int], int] = {}  # (key id, tpm) -> tokens to give back
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.fallbacks = 0  # checks answered locally because Redis was unreachable
-
-    @staticmethod
-    def limited(key: ClientKeySpec) -> bool:
-        return bool(key.requests_per_min or key.tokens_per_min)
 
     def from_lease(self, key: ClientKeySpec, cost_tokens: int) -> list[tuple[bytes, bytes]] | None:
         """Charge the request to this gateway's lease when it covers it (no I/O) and return its
@@ -300,7 +316,7 @@ class RateLimiter:
         tpm = key.tokens_per_min or 0
         lease = self._leases.get(key.id)
         now = time.monotonic()
-        if now >= self._redis_skip_until:
+        if self.backoff.up(now):
             leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
             # Top the lease up to its size, never past it: a lease whose tokens ran out while it
             # still held requests would otherwise hoard more requests on every refill.
@@ -315,9 +331,7 @@ class RateLimiter:
                     args=[rpm, tpm, cost_tokens, extra_requests, extra_tokens],
                 )
             except (RedisError, OSError, TimeoutError) as exc:
-                if self._redis_skip_until <= now:
-                    logger.warning("rate limits: Redis unreachable (%s); per-gateway limits meanwhile", exc)
-                self._redis_skip_until = now + self._retry_after_s
+                self.backoff.failed(now, exc)
             else:
                 if not raw[0]:
                     return make_verdict(key, raw)

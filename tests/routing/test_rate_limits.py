@@ -216,7 +216,7 @@ class TestRedisDownFallback:
 
     async def test_it_uses_redis_again_once_it_answers(self, redis_url, redis_keys):
         limiter = RateLimiter(make_limiter_redis(redis_url, 0.25), redis_keys, retry_after_s=0.05)
-        limiter._redis_skip_until = time.monotonic() + 0.05  # as after a failure
+        limiter.backoff.until = time.monotonic() + 0.05  # as after a failure
         key = make_key(SECRET, requests_per_min=100)
         await limiter.check(key, 1)
         await asyncio.sleep(0.06)
