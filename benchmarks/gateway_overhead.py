@@ -119,33 +119,20 @@ def _read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, bytearr
 
 def latency_c1(port: int, requests: int, warmup: int, auth: str = "") -> list[float]:
     """Sequential non-streaming requests on one keep-alive connection; milliseconds each."""
-    payload = _request_bytes(port, CHAT_BODY, auth)
-    samples: list[float] = []
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buffer = bytearray()
-        for index in range(warmup + requests):
-            start = time.perf_counter()
-            sock.sendall(payload)
-            status, buffer = _read_response(sock, buffer)
-            elapsed_ms = (time.perf_counter() - start) * 1000
-            if status != 200:
-                raise RuntimeError(f"status {status} from port {port}")
-            if index >= warmup:
-                samples.append(elapsed_ms)
-    return samples
+    return latency_c1_interleaved([(port, auth)], requests, warmup)[0]
 
 
-def latency_c1_interleaved(targets: list[Target], requests: int, warmup: int) -> list[list[float]]:
-    """Sequential requests taking turns between ``targets`` (one keep-alive connection each, in a
-    new random order every turn); milliseconds, one list per target. Consecutive requests see the
+def latency_c1_interleaved(targets: list[tuple[int, str]], requests: int, warmup: int) -> list[list[float]]:
+    """Sequential requests taking turns between ``targets`` ((port, client key) pairs; one
+    keep-alive connection each, in a new random order every turn); milliseconds, one list per
+    target (with one target: plain sequential requests). Consecutive requests see the
     same machine, so a small difference survives a noisy host (run apart, two identical gateways'
     p50s differ by more than 0.05 ms here; taking turns, by a few µs). The order is shuffled
     because a gateway asked twice in a row answers the second time from warm CPU caches: a fixed
     or mirrored order favours whoever sits at its ends."""
     shuffle = random.Random(12).shuffle
-    sockets = [socket.create_connection(("127.0.0.1", target.port)) for target in targets]
-    payloads = [_request_bytes(target.port, CHAT_BODY, target.auth) for target in targets]
+    sockets = [socket.create_connection(("127.0.0.1", port)) for port, _ in targets]
+    payloads = [_request_bytes(port, CHAT_BODY, auth) for port, auth in targets]
     buffers = [bytearray() for _ in targets]
     samples: list[list[float]] = [[] for _ in targets]
     order = list(range(len(targets)))
@@ -160,7 +147,7 @@ def latency_c1_interleaved(targets: list[Target], requests: int, warmup: int) ->
                 status, buffers[which] = _read_response(sockets[which], buffers[which])
                 elapsed_ms = (time.perf_counter() - start) * 1000
                 if status != 200:
-                    raise RuntimeError(f"status {status} from port {targets[which].port}")
+                    raise RuntimeError(f"status {status} from port {targets[which][0]}")
                 if index >= warmup:
                     samples[which].append(elapsed_ms)
     finally:
@@ -627,7 +614,7 @@ def front_door_pairs(
             rps, done, _ = throughput_c32(target.port, seconds, auth=target.auth)
             cpu_s = group_cpu_s(pid) - cpu_before
             figures[target.name] = {"rps_c32": rps, "cpu_us_per_request": cpu_s / done * 1e6}
-        turns = latency_c1_interleaved(list(gateways), c1_requests, 50)
+        turns = latency_c1_interleaved([(each.port, each.auth) for each in gateways], c1_requests, 50)
         for target, latencies in zip(gateways, turns, strict=True):
             figures[target.name]["p50_ms_c1"] = statistics.median(latencies)
         base = figures[plain.name]
