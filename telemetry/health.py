@@ -12,9 +12,9 @@ Rules (thresholds from settings, defaults 3/2):
   routable for the others (that region's RTT entry simply stops updating).
 
 A transition is ``NodeHealth.objects.filter(pk=..., health=old).update(health=new)``: the worker
-whose update changed the row records the event, flips ``NodeLiveState.healthy`` in Redis (the
-gateways drop or readmit the node on the announcement) and tells the dashboard; a worker that
-lost the race does nothing.
+whose update changed the row records the event; a worker that lost the race does nothing. This
+module only decides: the round that fed it the outcomes (``telemetry.rounds.settle``) folds the
+transitions into the one live-state write it announces to the gateways, then tells the dashboard.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from controlplane.fleet.models import Node
 from routing.contract import RedisKeys
 from telemetry.choices import CheckChoices, HealthChoices
 from telemetry.groups import HealthUpdate
-from telemetry.live import STATE_TTL_S, merge_node_live, push_dashboard, telemetry_keys
+from telemetry.live import STATE_TTL_S, push_dashboard, telemetry_keys
 from telemetry.models import HealthEvent, NodeHealth
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,10 @@ def record_outcomes(
     outcomes: list[Outcome],
     thresholds: Thresholds | None = None,
 ) -> list[Transition]:
-    """Fold one round of outcomes into the streaks and apply the transitions they call for."""
+    """Fold one round of outcomes into the streaks and apply the transitions they call for.
+
+    Writes the streaks (Redis) and the transitions (database) only; the caller writes live state.
+    """
     if not outcomes:
         return []
     thresholds = thresholds or Thresholds.from_settings()
@@ -138,8 +141,6 @@ def record_outcomes(
         transition = apply_transition(row, target, check, reason)
         if transition is not None:
             transitions.append(transition)
-    if transitions:
-        announce(client, keys, transitions)
     return transitions
 
 
@@ -164,12 +165,16 @@ def apply_transition(row: NodeHealth, target: str, check: str, reason: str) -> T
     return Transition(node_id=row.node_id, previous=row.health, current=target, check=check, reason=reason)
 
 
-def announce(client: redis.Redis, keys: RedisKeys, transitions: list[Transition]) -> None:
-    """Flip ``healthy`` in the live state (gateways react on the announcement) and tell the dashboard."""
-    patches = {t.node_id: {"healthy": t.current != HealthChoices.UNHEALTHY} for t in transitions}
-    defaults = {node_id: patch["healthy"] for node_id, patch in patches.items()}
-    merge_node_live(client, keys, patches, healthy_default=defaults, publish=True)
-    names = dict(Node.objects.filter(pk__in=patches).values_list("pk", "name"))
+def live_patches(transitions: list[Transition]) -> dict[int, dict[str, bool]]:
+    """The ``NodeLiveState`` fields these transitions change (the gateways route on ``healthy``)."""
+    return {t.node_id: {"healthy": healthy_for_gateways(t.current)} for t in transitions}
+
+
+def push_transitions(transitions: list[Transition]) -> None:
+    """Tell the dashboard about each transition (once: only the worker whose CAS won has it)."""
+    if not transitions:
+        return
+    names = dict(Node.objects.filter(pk__in=[t.node_id for t in transitions]).values_list("pk", "name"))
     now = timezone.now().timestamp()
     for t in transitions:
         push_dashboard(

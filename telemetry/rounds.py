@@ -2,15 +2,20 @@
 and call these, so the rounds are testable without a broker.
 
 A round reads the fleet afresh, talks to every node concurrently, then writes in this order:
-history (database), live state (Redis, announced), health (CAS transitions), dashboard push.
+history (database), health (streaks and CAS transitions, ``telemetry.health``), live state with
+the health changes folded in (Redis, one write announced once: ``settle``), dashboard pushes.
+Deciding health before writing live state is what lets a round announce once: a gateway never sees
+a node's fresh load figures in one announcement and its health change in the next.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 import redis
@@ -70,6 +75,35 @@ def healthy_defaults(node_ids: list[int]) -> dict[int, bool]:
     return {node_id: health.healthy_for_gateways(states.get(node_id)) for node_id in node_ids}
 
 
+def settle(
+    client: redis.Redis,
+    keys: RedisKeys,
+    check: str,
+    outcomes: list[health.Outcome],
+    patches: Mapping[int, Mapping[str, Any]],
+    *,
+    healthy_default: Mapping[int, bool],
+    announce: bool,
+    thresholds: health.Thresholds | None = None,
+) -> list[health.Transition]:
+    """The end of every round: decide health, write live state once, announce it at most once.
+
+    ``patches`` are the round's own live fields; the health transitions' ``healthy`` flips are
+    merged into them so each node's document is written once. The write is announced when
+    ``announce`` says the round changed something the gateways route on, or when health changed.
+    Each transition is then pushed to the dashboard; the round pushes its own update after this.
+    """
+    transitions = health.record_outcomes(client, keys, check, outcomes, thresholds)
+    merged = {node_id: dict(patch) for node_id, patch in patches.items()}
+    for node_id, flip in health.live_patches(transitions).items():
+        merged.setdefault(node_id, {}).update(flip)
+    merge_node_live(
+        client, keys, merged, healthy_default=healthy_default, publish=announce or bool(transitions)
+    )
+    health.push_transitions(transitions)
+    return transitions
+
+
 # ---------------------------------------------------------------------------------------------
 # Probe
 # ---------------------------------------------------------------------------------------------
@@ -112,15 +146,14 @@ def probe_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP, region_slu
         publish_rtt_table(client, keys, now)
     node_ids = [t.node_id for t in targets]
     ensure_health_rows(node_ids)
-    merge_node_live(
+    transitions = settle(
         client,
         keys,
+        CheckChoices.PROBE,
+        [health.Outcome(r.node_id, r.ok, r.error) for r in results],
         {r.node_id: {"last_probe_at": r.started_at} for r in results if r.ok},
         healthy_default=healthy_defaults(node_ids),
-        publish=False,  # nothing a gateway routes on changed; the RTT table was announced already
-    )
-    transitions = health.record_outcomes(
-        client, keys, CheckChoices.PROBE, [health.Outcome(r.node_id, r.ok, r.error) for r in results]
+        announce=False,  # unless health changed: the RTT table, announced already, is what moved
     )
     push_dashboard(
         RTTUpdate(
@@ -215,9 +248,10 @@ def scrape_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP) -> Scrape
             for key, value in new_baselines.items():
                 pipe.set(key, value, ex=STATE_TTL_S)
             pipe.execute()
-    merge_node_live(client, keys, patches, healthy_default=defaults, publish=True)
     _update_scrape_flags(outcomes)
-    transitions = health.record_outcomes(client, keys, CheckChoices.SCRAPE, outcomes)
+    transitions = settle(
+        client, keys, CheckChoices.SCRAPE, outcomes, patches, healthy_default=defaults, announce=True
+    )
     flipped = {t.node_id: t.current for t in transitions}
     cells = [
         msgspec.structs.replace(c, healthy=health.healthy_for_gateways(flipped[c.node_id]))

@@ -15,7 +15,7 @@ from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, RequestRecord
 from telemetry import rounds, tasks
 from telemetry.groups import DASHBOARD_GROUP
-from telemetry.health import Outcome, record_outcomes
+from telemetry.health import Outcome
 from tests.telemetry.conftest import make_node, make_regions
 
 pytestmark = pytest.mark.django_db
@@ -74,7 +74,15 @@ def test_a_health_transition_is_pushed_once(tel, listen):
     node = make_node("use-1", make_regions("us-east")["us-east"], "http://127.0.0.1:9")
 
     for _ in range(3):
-        record_outcomes(tel.client, tel.keys, "probe", [Outcome(node.pk, False, "refused")])
+        rounds.settle(
+            tel.client,
+            tel.keys,
+            "probe",
+            [Outcome(node.pk, False, "refused")],
+            {},
+            healthy_default={},
+            announce=False,
+        )
 
     message = listen("telemetry.health")
     assert (

@@ -6,9 +6,9 @@ import pytest
 
 from routing import contract
 from routing.contract import NodeLiveState
-from telemetry import health
+from telemetry import health, rounds
 from telemetry.choices import CheckChoices, HealthChoices
-from telemetry.health import Outcome, Streak, Thresholds, decide, record_outcomes
+from telemetry.health import Outcome, Streak, Thresholds, decide
 from telemetry.live import merge_node_live
 from telemetry.models import HealthEvent, NodeHealth
 from tests.telemetry.conftest import make_node, make_regions
@@ -39,12 +39,15 @@ class TestTransitions:
     def run(self, tel, node, *oks: bool, check: str = CheckChoices.PROBE) -> list[health.Transition]:
         transitions = []
         for ok in oks:
-            transitions += record_outcomes(
+            transitions += rounds.settle(
                 tel.client,
                 tel.keys,
                 check,
                 [Outcome(node.pk, ok, "" if ok else "ConnectError: refused")],
-                DEFAULT,
+                {},
+                healthy_default={},
+                announce=False,
+                thresholds=DEFAULT,
             )
         return transitions
 
