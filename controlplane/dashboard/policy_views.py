@@ -26,8 +26,6 @@ from controlplane.dashboard.forms import PolicyForm, PublishForm, RollbackForm
 from controlplane.dashboard.views import PageChrome
 from controlplane.policies import publishing, review
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from routing import contract
-from routing.contract import PolicySnapshot
 
 VERSIONS_PER_PAGE = 25
 
@@ -99,22 +97,22 @@ TUNING_WINDOWS_SHOWN = 30
 
 
 def policy_review(policy: RoutingPolicy) -> dict[str, Any]:
-    """Compile the policy with the current fleet and compare it with what the gateways run."""
-    live = publishing.live_version()
-    answer: dict[str, Any] = {"live": live, "errors": None, "changes": [], "checksum": "", "summary": None}
+    """The policies layer's review of ``policy`` for the page: field errors instead of a diff when
+    it does not compile."""
     try:
-        snapshot = publishing.compile_policy(policy)
+        reviewed = review.review_policy(policy)
     except ValidationError as exc:
-        answer["errors"] = exc.message_dict if hasattr(exc, "error_dict") else {"policy": exc.messages}
-        return answer
-    live_snapshot = contract.decode(live.snapshot, PolicySnapshot) if live else None
-    answer.update(
-        changes=review.diff_snapshots(live_snapshot, snapshot),
-        checksum=snapshot.checksum,
-        summary=review.summarize(snapshot),
-        is_live=live is not None and live.checksum == snapshot.checksum and live.policy_id == policy.pk,
-    )
-    return answer
+        errors = exc.message_dict if hasattr(exc, "error_dict") else {"policy": exc.messages}
+        live = publishing.live_version()
+        return {"live": live, "errors": errors, "changes": [], "checksum": "", "summary": None}
+    return {
+        "live": reviewed.live,
+        "errors": None,
+        "changes": reviewed.changes,
+        "checksum": reviewed.checksum,
+        "summary": reviewed.summary,
+        "is_live": reviewed.is_live,
+    }
 
 
 class PolicyDetailView(PolicyPageMixin, DetailView):

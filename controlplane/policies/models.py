@@ -7,7 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from controlplane.policies.choices import AlgorithmChoices, TuningOutcomeChoices
-from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, params_errors
+from routing import contract
+from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, PolicySnapshot, params_errors
 
 
 class RoutingPolicy(models.Model):
@@ -146,6 +147,10 @@ class PolicyVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy.name} v{self.number}"
+
+    def compiled(self) -> PolicySnapshot:
+        """The stored snapshot as the typed struct the gateways read (the one decoder of it)."""
+        return contract.decode(self.snapshot, PolicySnapshot)
 
 
 class TuningWindow(models.Model):

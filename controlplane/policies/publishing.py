@@ -248,15 +248,14 @@ def _ensure_live_in_redis(live: PolicyVersion) -> None:
     except redis.RedisError as exc:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
     if current is None or msgspec.json.decode(current).get("version") != live.number:
-        write_snapshot(contract.decode(live.snapshot, PolicySnapshot))
+        write_snapshot(live.compiled())
 
 
 def rollback(
     version: PolicyVersion, *, author: AbstractBaseUser | None = None, note: str = ""
 ) -> PublishResult:
     """Restore the policy settings of an earlier version and publish them with the current fleet."""
-    snapshot = contract.decode(version.snapshot, PolicySnapshot)
-    spec = snapshot.policy
+    spec = version.compiled().policy
     with transaction.atomic():
         policy = RoutingPolicy.objects.select_for_update().get(pk=version.policy_id)
         policy.algorithm = spec.algorithm
@@ -291,7 +290,7 @@ def republish_live(note: str) -> PublishResult | None:
     live = live_version()
     if live is None:
         return None
-    spec = contract.decode(live.snapshot, PolicySnapshot).policy
+    spec = live.compiled().policy
     return publish(live.policy, note=note, spec=spec)
 
 

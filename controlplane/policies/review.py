@@ -1,7 +1,8 @@
 """Look at a compiled snapshot before publishing it: a summary, and its changes against the live one.
 
-Both read the database only (the live snapshot is the newest published ``PolicyVersion``), so a
-dry run works, and writes nothing, even when Redis is down.
+``review_policy`` is the one answer the REST API (``validate``, ``diff``) and the policy page give.
+Everything here reads the database only (the live snapshot is the newest published
+``PolicyVersion``), so a dry run works, and writes nothing, even when Redis is down.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, get_args
 
 import msgspec
 
+from controlplane.policies import publishing
+from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing.contract import NodeState, PolicySnapshot
 
 # Collections compared by a stable key, so removing one node shows as one removal, not a shift.
@@ -28,6 +31,46 @@ class SnapshotChange:
     path: str
     old: Any
     new: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyReview:
+    """A policy compiled with the current fleet, beside the version the gateways run now."""
+
+    policy_id: int
+    snapshot: PolicySnapshot
+    live: PolicyVersion | None
+    changes: list[SnapshotChange]
+    summary: dict[str, Any]
+
+    @property
+    def checksum(self) -> str:
+        return self.snapshot.checksum
+
+    @property
+    def differs_from_live(self) -> bool:
+        return self.live is None or self.live.checksum != self.snapshot.checksum
+
+    @property
+    def is_live(self) -> bool:
+        """This policy, compiled now, is exactly what the gateways run."""
+        return not self.differs_from_live and self.live.policy_id == self.policy_id
+
+
+def review_policy(policy: RoutingPolicy) -> PolicyReview:
+    """Compile ``policy`` with the current fleet and compare it with the live version.
+
+    Raises ``ValidationError`` when the policy does not compile; callers answer that their way.
+    """
+    snapshot = publishing.compile_policy(policy)
+    live = publishing.live_version()
+    return PolicyReview(
+        policy_id=policy.pk,
+        snapshot=snapshot,
+        live=live,
+        changes=diff_snapshots(live.compiled() if live else None, snapshot),
+        summary=summarize(snapshot),
+    )
 
 
 def summarize(snapshot: PolicySnapshot) -> dict[str, Any]:

@@ -81,8 +81,7 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
     live = publishing.live_version()
     if live is None or live.policy_id != policy.pk or live.published_at is None:
         return None
-    snapshot = decode(live.snapshot, PolicySnapshot)
-    weights = live_weights(snapshot)
+    weights = live_weights(live.compiled())
     if weights is None:
         return None
     last = policy.tuning_windows.first()

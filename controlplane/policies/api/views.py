@@ -23,8 +23,6 @@ from controlplane.policies.api.serializers import (
 )
 from controlplane.policies.filtersets import PolicyVersionFilterSet, RoutingPolicyFilterSet
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
-from routing import contract
-from routing.contract import PolicySnapshot
 
 _INVALID = OpenApiResponse(OpenApiTypes.OBJECT, description="The policy is invalid: field errors.")
 _PUBLISHED = {
@@ -91,14 +89,13 @@ class RoutingPolicyViewSet(BaseModelViewSet):
     @action(detail=True, methods=["post"])
     @required_perms()  # writes nothing: any authenticated user may check a policy
     def validate(self, request: Request, pk: str | None = None) -> Response:
-        snapshot = publishing.compile_policy(self.get_object())
-        live = publishing.live_version()
+        reviewed = review.review_policy(self.get_object())
         answer = {
             "valid": True,
-            "checksum": snapshot.checksum,
-            "live_version": live.number if live else None,
-            "differs_from_live": live is None or live.checksum != snapshot.checksum,
-            "summary": review.summarize(snapshot),
+            "checksum": reviewed.checksum,
+            "live_version": reviewed.live.number if reviewed.live else None,
+            "differs_from_live": reviewed.differs_from_live,
+            "summary": reviewed.summary,
         }
         return Response(PolicyValidationSerializer(answer).data)
 
@@ -107,17 +104,15 @@ class RoutingPolicyViewSet(BaseModelViewSet):
     )
     @action(detail=True, methods=["get"])
     def diff(self, request: Request, pk: str | None = None) -> Response:
-        snapshot = publishing.compile_policy(self.get_object())
-        live = publishing.live_version()
-        live_snapshot = contract.decode(live.snapshot, PolicySnapshot) if live else None
-        changes = review.diff_snapshots(live_snapshot, snapshot)
+        reviewed = review.review_policy(self.get_object())
+        live = reviewed.live
         answer = {
             "live_version": live.number if live else None,
             "live_policy": live.policy.name if live else None,
             "live_checksum": live.checksum if live else None,
-            "checksum": snapshot.checksum,
-            "changed": bool(changes),
-            "changes": changes,
+            "checksum": reviewed.checksum,
+            "changed": bool(reviewed.changes),
+            "changes": reviewed.changes,
         }
         return Response(PolicyDiffSerializer(answer).data)
 
