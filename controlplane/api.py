@@ -207,9 +207,10 @@ class BaseModelViewSet(viewsets.ModelViewSet):
 
     def perform_update(self, serializer) -> None:
         # From the database: validation has already set the new values on serializer.instance.
-        before = audit.object_state(type(serializer.instance).objects.get(pk=serializer.instance.pk))
+        model = type(serializer.instance)
+        before = model.objects.get(pk=serializer.instance.pk).audit_state()
         super().perform_update(serializer)
-        changes = audit.describe_state_changes(before, audit.object_state(serializer.instance))
+        changes = model.describe_audit_changes(before, serializer.instance.audit_state())
         if changes:
             audit.record(self.request.user, serializer.instance, f"Changed through the API: {changes}")
 

@@ -65,11 +65,11 @@ class PolicyEditMixin(PolicyPageMixin, PermissionRequiredMixin):
 
     def form_valid(self, form: PolicyForm) -> HttpResponse:
         adding = form.instance.pk is None
-        before = {} if adding else audit.policy_state(RoutingPolicy.objects.get(pk=form.instance.pk))
+        before = {} if adding else RoutingPolicy.objects.get(pk=form.instance.pk).audit_state()
         with transaction.atomic():
             self.object = form.save()
-            after = audit.policy_state(self.object)
-            summary = "created" if adding else audit.describe_changes(before, after)
+            after = self.object.audit_state()
+            summary = "created" if adding else RoutingPolicy.describe_audit_changes(before, after)
             if summary:
                 audit.record(self.request.user, self.object, summary, added=adding)
         if adding:

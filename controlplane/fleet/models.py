@@ -4,6 +4,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator, URLValidator
 from django.db import models
 
+from controlplane.audit import Audited
 from controlplane.fleet.choices import NodeStateChoices
 
 slug_validator = RegexValidator(
@@ -17,7 +18,7 @@ zmq_endpoint_validator = RegexValidator(
 )
 
 
-class Region(models.Model):
+class Region(Audited, models.Model):
     """A geographic region where gateways serve clients and GPU nodes run."""
 
     slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
@@ -34,7 +35,7 @@ class Region(models.Model):
         return self.slug
 
 
-class LLMModel(models.Model):
+class LLMModel(Audited, models.Model):
     """A model the fleet serves, by the name clients send in the OpenAI ``model`` field."""
 
     name = models.CharField(max_length=200, unique=True)
@@ -72,7 +73,7 @@ class LLMModel(models.Model):
             )
 
 
-class Node(models.Model):
+class Node(Audited, models.Model):
     """A vLLM endpoint on a GPU server: where requests are sent."""
 
     name = models.CharField(max_length=100, unique=True, validators=[slug_validator])

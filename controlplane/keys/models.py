@@ -9,6 +9,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from controlplane.audit import Audited
 from controlplane.fleet.models import LLMModel, Region
 from controlplane.keys.choices import PriorityChoices
 
@@ -31,7 +32,7 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class ClientKey(models.Model):
+class ClientKey(Audited, models.Model):
     """A client's API key for the gateways. The secret is shown once; only its hash is kept."""
 
     key_id = models.CharField(max_length=16, unique=True, editable=False, default=new_key_id)

@@ -2,16 +2,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from controlplane.audit import Audited, short
 from controlplane.policies.choices import AlgorithmChoices, TuningOutcomeChoices
 from routing import contract
 from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, PolicySnapshot, params_errors
 
+# What an operator reads in the history: the fields a policy edit can change.
+POLICY_AUDIT_FIELDS = ("name", "description", "algorithm", "params", "model_scope", "residency", "max_rtt_ms")
 
-class RoutingPolicy(models.Model):
+
+class RoutingPolicy(Audited, models.Model):
     """How gateways choose a node: an algorithm, its parameters and its guards.
 
     At most one policy is active: the one whose compiled snapshot is live in Redis. Editing a
@@ -88,6 +93,44 @@ class RoutingPolicy(models.Model):
             errors["residency"] = residency_error
         if errors:
             raise ValidationError(errors)
+
+    def audit_state(self) -> dict[str, Any]:
+        """The audited fields, as plain values; ``params`` as the gateways would use them."""
+        state = {name: getattr(self, name) for name in POLICY_AUDIT_FIELDS if name != "model_scope"}
+        state["params"] = effective_params(self.algorithm, self.params)
+        state["model_scope"] = sorted(self.model_scope.values_list("name", flat=True)) if self.pk else []
+        return state
+
+    @classmethod
+    def describe_audit_changes(cls, before: dict[str, Any], after: dict[str, Any]) -> str:
+        """``params.w_rtt: 1.0 -> 2.5; max_rtt_ms: None -> 300.0`` (empty when nothing changed)."""
+        parts = []
+        for name in POLICY_AUDIT_FIELDS:
+            old, new = before.get(name), after.get(name)
+            if isinstance(old, dict) or isinstance(new, dict):
+                old, new = old or {}, new or {}
+                for key in sorted(old.keys() | new.keys()):
+                    if old.get(key) != new.get(key):
+                        parts.append(f"{name}.{key}: {old.get(key)} -> {new.get(key)}")
+            elif old != new:
+                parts.append(f"{name}: {short(old)} -> {short(new)}")
+        return "; ".join(parts)
+
+
+def effective_params(algorithm: str, params: Any) -> Any:
+    """The parameters the gateways would use: stored values plus the contract's defaults.
+
+    So an edit that only spells out a default (or drops one) is not reported as a change.
+    """
+    struct = PARAMS_BY_ALGORITHM.get(algorithm)
+    if struct is None or not isinstance(params, dict):
+        return params
+    try:
+        values = msgspec.to_builtins(msgspec.convert(params, struct))
+    except msgspec.ValidationError:
+        return params
+    values.pop("type", None)  # the union tag: the algorithm field says it already
+    return values
 
 
 def _residency_error(rules: object) -> str | None:

@@ -56,3 +56,17 @@ def test_it_records_which_policy_parameters_changed(operator_client, fleet) -> N
     )
     message = LogEntry.objects.filter(object_id=str(pk), action_flag=CHANGE).get().change_message
     assert message == "Changed through the API: params.w_rtt: 1.0 -> 2.5"
+
+
+def test_every_model_the_api_edits_says_its_own_audit_state() -> None:
+    from controlplane.api import BaseModelViewSet
+    from controlplane.audit import Audited
+    from controlplane.urls import urlpatterns  # noqa: F401  (registers every API viewset)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    edited = {viewset.queryset.model for viewset in subclasses(BaseModelViewSet)}
+    assert edited and all(issubclass(model, Audited) for model in edited), edited
