@@ -39,7 +39,3 @@ class ScopeChoices(models.TextChoices):
     # where a region uses both: a cross-region request pays the network, a local one rarely).
     LOCAL = "local", "Gateway region, served in the same region"
     CROSS = "cross", "Gateway region, served from another region"
-
-
-# Scopes whose buckets belong to a gateway region (``RequestAggregate.region``).
-REGION_SCOPES = (ScopeChoices.REGION, ScopeChoices.LOCAL, ScopeChoices.CROSS)
