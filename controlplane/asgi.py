@@ -14,7 +14,10 @@ from django.core.asgi import get_asgi_application
 
 django_asgi = get_asgi_application()
 
-from controlplane.routing import websocket_urlpatterns  # noqa: E402  (needs the app registry)
+# Each app keeps its WebSocket routes in its own routing.py (the Channels convention); this is
+# where they are mounted, as urls.py mounts the HTTP ones. (The gateway package is ``routing``:
+# no project-level module of that name, so the two are never confused.)
+from controlplane.dashboard.routing import websocket_urlpatterns  # noqa: E402  (needs the app registry)
 
 application = ProtocolTypeRouter(
     {

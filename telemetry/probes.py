@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from telemetry.metrics import MAX_METRICS_BYTES
+from telemetry.vllm_metrics import MAX_METRICS_BYTES
 
 REGION_HEADER = "X-Gorgo-Region"
 MAX_PARALLEL = 32

@@ -39,7 +39,6 @@ from telemetry.live import (
     telemetry_keys,
     update_rtt,
 )
-from telemetry.metrics import MetricsInterval, MetricsParseError, Scrape, interval_between, parse_metrics
 from telemetry.models import (
     HealthEvent,
     KeyUsageAggregate,
@@ -50,6 +49,7 @@ from telemetry.models import (
     RTTSample,
 )
 from telemetry.probes import NodeHTTP, Target
+from telemetry.vllm_metrics import MetricsInterval, MetricsParseError, Scrape, interval_between, parse_metrics
 
 log = logging.getLogger(__name__)
 

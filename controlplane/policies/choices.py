@@ -13,7 +13,7 @@ AlgorithmChoices = models.TextChoices(
 
 
 class TuningOutcomeChoices(models.TextChoices):
-    """What the online tuner decided at the end of a window (``policies.tuner``)."""
+    """What the online tuner decided at the end of a window (``policies.tuner_math``)."""
 
     MEASURED = "measured", "Measured the incumbent, trying a step"
     ACCEPTED = "accepted", "Accepted the step"

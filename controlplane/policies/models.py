@@ -200,7 +200,7 @@ class TuningWindow(models.Model):
     """One window of the online tuner (GORGO v2) on a policy: the weights that were live, the p95
     TTFT their requests saw, what the tuner decided, and the version it published (if any).
 
-    ``state`` is the tuner's state after the decision (``policies.tuner.TunerState``); the newest
+    ``state`` is the tuner's state after the decision (``policies.tuner_math.TunerState``); the newest
     window of a policy is where the next one starts.
     """
 

@@ -2,7 +2,7 @@
 
 Pure: no Django, no Redis, no clock. ``step`` takes the tuner's state and what the last window
 measured (the p95 TTFT of the requests routed with the weights that were live), and returns the
-new state and the weights to publish next. ``policies/tuning.py`` runs it over the request log
+new state and the weights to publish next. ``policies/tuning.py`` (the I/O) runs it over the request log
 and publishes through the policies app; docs/routing.md ("Online tuning") explains the choices.
 
 One iteration, with ``x`` the incumbent weights (w_rtt, w_queue) and ``f(x)`` their window p95:

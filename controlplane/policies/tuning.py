@@ -6,7 +6,7 @@
   to swap) and its requests are the request-log records routed *with that version*
   (``RequestRecord.policy_version``), answered with a first token; nothing is decided before the
   window is ``GORGO_TUNER_WINDOW_S`` long and holds ``GORGO_TUNER_MIN_REQUESTS`` of them;
-- its p95 TTFT goes to ``policies.tuner.step`` (the (1+1)-ES), and the weights that returns are
+- its p95 TTFT goes to ``policies.tuner_math.step`` (the (1+1)-ES), and the weights that returns are
   written into the policy's params and published through ``publishing.publish``, the
   one publish path, as a version authored by ``TUNER_AUTHOR`` whose note carries the evidence;
 - every window is kept (``TuningWindow``): the dashboard's policy page draws weights and p95 from
@@ -29,9 +29,9 @@ import redis
 from django.conf import settings
 
 from controlplane.connections import redis_client, redis_keys
-from controlplane.policies import publishing, tuner
+from controlplane.policies import publishing, tuner_math
 from controlplane.policies.models import RoutingPolicy, TuningWindow
-from controlplane.policies.tuner import Bounds, TunerState, Weights
+from controlplane.policies.tuner_math import Bounds, TunerState, Weights
 from routing.contract import REQUEST_STREAM_FIELD, GorgoParams, PolicySnapshot, RequestRecord, decode
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
         return None
     p95_ms = statistics.quantiles(ttfts, n=20)[18]  # the 95th percentile
     count = policy.tuning_windows.count()
-    result = tuner.step(state, p95_ms, len(ttfts), rng or random.Random(f"{policy.pk}:{count}"), BOUNDS)
+    result = tuner_math.step(state, p95_ms, len(ttfts), rng or random.Random(f"{policy.pk}:{count}"), BOUNDS)
     version = None
     if result.publish is not None and not _same(result.publish, weights):
         if publishing.compile_policy(policy).checksum != live.checksum:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from controlplane.policies import tuner
-from controlplane.policies.tuner import Bounds, TunerState
+from controlplane.policies import tuner_math
+from controlplane.policies.tuner_math import Bounds, TunerState
 from routing.algorithms import gorgo
 from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
 from routing.contract import GorgoParams, NodeSpec
@@ -113,7 +113,7 @@ def test_it_converges_from_weights_4x_off_to_within_10_percent_of_hand_tuned() -
     outcomes = []
     while not state.converged and windows < 60:
         p95 = fleet.window(state.live)
-        result = tuner.step(state, p95, WINDOW_REQUESTS, rng, Bounds())
+        result = tuner_math.step(state, p95, WINDOW_REQUESTS, rng, Bounds())
         outcomes.append(result.outcome)
         state = result.state
         windows += 1
@@ -124,7 +124,9 @@ def test_it_converges_from_weights_4x_off_to_within_10_percent_of_hand_tuned() -
 
 def test_it_measures_the_incumbent_then_tries_a_step_inside_the_bounds() -> None:
     bounds = Bounds(w_rtt=(0.5, 2.0), w_queue=(0.5, 2.0))
-    result = tuner.step(TunerState(incumbent=(1.0, 1.0), sigma=5.0), 200.0, 500, random.Random(1), bounds)
+    result = tuner_math.step(
+        TunerState(incumbent=(1.0, 1.0), sigma=5.0), 200.0, 500, random.Random(1), bounds
+    )
     assert result.outcome == "measured"
     assert result.state.incumbent_p95_ms == 200.0
     assert result.publish == result.state.trial
@@ -135,33 +137,33 @@ def test_it_measures_the_incumbent_then_tries_a_step_inside_the_bounds() -> None
 
 def test_it_accepts_a_better_trial_and_widens_the_step() -> None:
     state = TunerState(incumbent=(1.0, 1.0), incumbent_p95_ms=200.0, sigma=0.4, trial=(1.2, 0.9))
-    result = tuner.step(state, 150.0, 400, random.Random(1))
+    result = tuner_math.step(state, 150.0, 400, random.Random(1))
     assert result.outcome == "accepted"
     assert result.state.incumbent == (1.2, 0.9)
     assert result.state.incumbent_p95_ms == 150.0
-    assert result.state.sigma == 0.4 * tuner.SUCCESS_FACTOR
+    assert result.state.sigma == 0.4 * tuner_math.SUCCESS_FACTOR
     assert result.publish is not None and result.publish == result.state.trial  # the next trial
     assert "accepted w_rtt=1.2, w_queue=0.9: p95 150 ms over 400 requests against 200 ms" in result.note
 
 
 def test_it_reverts_when_p95_worsens_and_narrows_the_step() -> None:
     state = TunerState(incumbent=(1.0, 1.0), incumbent_p95_ms=200.0, sigma=0.4, trial=(3.0, 0.3))
-    result = tuner.step(state, 260.0, 400, random.Random(1))
+    result = tuner_math.step(state, 260.0, 400, random.Random(1))
     assert result.outcome == "rejected"
     assert result.publish == (1.0, 1.0)  # the revert
     assert result.state.trial is None
-    assert result.state.sigma == 0.4 * tuner.FAILURE_FACTOR
+    assert result.state.sigma == 0.4 * tuner_math.FAILURE_FACTOR
     assert "reverted to w_rtt=1, w_queue=1" in result.note
 
 
 def test_one_success_in_five_trials_holds_the_step_size() -> None:
-    sigma = 0.3 * tuner.SUCCESS_FACTOR * tuner.FAILURE_FACTOR**4
+    sigma = 0.3 * tuner_math.SUCCESS_FACTOR * tuner_math.FAILURE_FACTOR**4
     assert abs(sigma - 0.3) < 1e-12
 
 
 def test_it_stops_when_the_step_is_below_the_minimum() -> None:
-    state = TunerState(incumbent=(1.1, 0.9), incumbent_p95_ms=180.0, sigma=tuner.SIGMA_MIN / 2)
-    result = tuner.step(state, 175.0, 400, random.Random(1))
+    state = TunerState(incumbent=(1.1, 0.9), incumbent_p95_ms=180.0, sigma=tuner_math.SIGMA_MIN / 2)
+    result = tuner_math.step(state, 175.0, 400, random.Random(1))
     assert result.outcome == "converged"
     assert result.publish is None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from telemetry.metrics import MetricsParseError, interval_between, parse_metrics
+from telemetry.vllm_metrics import MetricsParseError, interval_between, parse_metrics
 from tests.telemetry.stubs import FIXTURE_METRICS, FIXTURES, metrics_text
 
 OLD_FIXTURE = (FIXTURES / "vllm_metrics_v0_10.txt").read_text()
