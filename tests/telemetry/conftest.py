@@ -13,7 +13,7 @@ from controlplane.connections import redis_client
 from controlplane.fleet.models import Node, Region
 from routing.contract import RedisKeys
 from telemetry.probes import NodeHTTP
-from tests.telemetry.stubs import StubNode
+from tests.support.vllm_stub import StubNode
 
 REGIONS = {
     "us-east": ("US East", 39.04, -77.49),
@@ -54,13 +54,13 @@ def stubs() -> Iterator[Callable[..., StubNode]]:
     started: list[StubNode] = []
 
     def start(**options) -> StubNode:
-        stub = StubNode(**options)
+        stub = StubNode(**options).start_in_thread()
         started.append(stub)
         return stub
 
     yield start
     for stub in started:
-        stub.stop()
+        stub.stop_thread()
 
 
 def make_regions(*slugs: str) -> dict[str, Region]:

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from telemetry.vllm_metrics import MetricsParseError, interval_between, parse_metrics
-from tests.telemetry.stubs import FIXTURE_METRICS, FIXTURES, metrics_text
+from tests.support.vllm_stub import FIXTURE_METRICS, FIXTURES, metrics_text
 
 OLD_FIXTURE = (FIXTURES / "vllm_metrics_v0_10.txt").read_text()
 

@@ -9,8 +9,8 @@ from routing.contract import NodeLiveState
 from simulator.harness import free_port
 from telemetry import rounds
 from telemetry.models import MetricSample, NodeHealth
+from tests.support.vllm_stub import metrics_text
 from tests.telemetry.conftest import make_node, make_regions
-from tests.telemetry.stubs import metrics_text
 
 pytestmark = pytest.mark.django_db
 

@@ -7,27 +7,16 @@ read (142 queues, 3,958 messages after a while) and the docs said "restart".
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import httpx
 import pytest
 import redis
 
 from tests.conftest import ControlPlane, ProcessGroup, free_port, start_celery
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 INTERVAL_S = "0.5"
-
-
-def wait_for(what: str, check: Callable[[], bool], processes: ProcessGroup, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out waiting for {what}\n{processes.logs()}")
 
 
 def add_region(api: httpx.Client, slug: str, node_port: int) -> None:
@@ -66,11 +55,23 @@ def test_a_worker_probes_from_a_region_added_after_it_started(
     with control_plane.api() as api:
         add_region(api, "us-east", free_port())
         start_worker_and_beat(processes, prefix, "*")
-        wait_for("probes from us-east", lambda: probed_from(api, "us-east") > 0, processes)
+        wait_until(
+            lambda: probed_from(api, "us-east") > 0, 30.0, what="probes from us-east", describe=processes.logs
+        )
 
         add_region(api, "eu-west", free_port())  # the worker is running: no restart
-        wait_for("probes from eu-west", lambda: probed_from(api, "eu-west") > 0, processes)
-        time.sleep(3 * float(INTERVAL_S))
+        wait_until(
+            lambda: probed_from(api, "eu-west") > 0, 30.0, what="probes from eu-west", describe=processes.logs
+        )
+        # Let three more probe rounds run (two nodes each), counted rather than slept for, so
+        # anything a stale queue would pile up has had the time to show.
+        later = probed_from(api, "eu-west") + 3 * 2
+        wait_until(
+            lambda: probed_from(api, "eu-west") >= later,
+            30.0,
+            what="three more rounds from eu-west",
+            describe=processes.logs,
+        )
         assert all(length <= 2 for length in queue_lengths(client, prefix).values()), queue_lengths(
             client, prefix
         )
@@ -86,6 +87,8 @@ def test_a_region_no_worker_probes_from_gets_no_messages(
         add_region(api, "us-east", free_port())
         add_region(api, "eu-west", free_port())
         start_worker_and_beat(processes, prefix, "us-east")  # a worker that probes from us-east only
-        wait_for("probes from us-east", lambda: probed_from(api, "us-east") > 5, processes)
+        wait_until(
+            lambda: probed_from(api, "us-east") > 5, 30.0, what="probes from us-east", describe=processes.logs
+        )
         assert probed_from(api, "eu-west") == 0
     assert client.llen(f"{prefix}:celery:probe.eu-west") == 0

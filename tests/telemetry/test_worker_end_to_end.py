@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import pytest
@@ -25,16 +24,15 @@ import redis
 
 from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, NodeLiveState, RedisKeys, RTTTable
-from simulator.harness import wait_until
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.conftest import ROOT, ProcessGroup, delete_namespace
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REGIONS = ("us-east", "eu-central", "ap-south")
 INTERVAL_S = "1"
-T = TypeVar("T")
 
 SEED = """
 from controlplane.fleet.models import LLMModel, Node, Region
@@ -47,11 +45,6 @@ for name, url in {urls!r}.items():
     node = Node.objects.create(name=name, region=Region.objects.get(slug=topology.node(name).region), base_url=url)
     node.served_models.add(model)
 """
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, processes: ProcessGroup) -> T:
-    """``wait_until`` with the processes' logs in the failure."""
-    return wait_until(probe, timeout_s, what=what, interval_s=0.2, describe=processes.logs)
 
 
 def node_urls(log: str) -> dict[str, str]:
@@ -166,7 +159,7 @@ def test_real_workers_measure_the_emulated_fleet(stack):
             return table
         return None
 
-    table = wait_for("a full RTT matrix", full_matrix, 60, processes)
+    table = wait_until(full_matrix, 60, what="a full RTT matrix", interval_s=0.2, describe=processes.logs)
     expected_values = sorted({topology.rtt_ms(a, b) for a in REGIONS for b in REGIONS})
     for entry in table.entries:
         expected = topology.rtt_ms(entry.region, node_region[names[entry.node_id]])
@@ -206,14 +199,24 @@ def test_real_workers_measure_the_emulated_fleet(stack):
         fresh = state.last_scrape_at is not None and state.last_scrape_at > since
         return (rate,) if fresh and rate is not None and predicate(rate) else None
 
-    (low,) = wait_for(
-        "a scrape of the unique prompts", lambda: hit_rate_after(started, lambda r: True), 20, processes
+    (low,) = wait_until(
+        lambda: hit_rate_after(started, lambda r: True),
+        20,
+        what="a scrape of the unique prompts",
+        interval_s=0.2,
+        describe=processes.logs,
     )
     repeated = prompt()
     started = time.time()
     for _ in range(6):
         chat(url, repeated)
-    (high,) = wait_for("a high hit rate", lambda: hit_rate_after(started, lambda r: r > 0.5), 20, processes)
+    (high,) = wait_until(
+        lambda: hit_rate_after(started, lambda r: r > 0.5),
+        20,
+        what="a high hit rate",
+        interval_s=0.2,
+        describe=processes.logs,
+    )
     assert low < 0.3 < 0.5 < high
     rates = [
         r
@@ -243,25 +246,27 @@ def test_real_workers_measure_the_emulated_fleet(stack):
         total_ms=300.0,
     )
     stack["redis"].xadd(stack["keys"].request_stream, {REQUEST_STREAM_FIELD: contract.encode(record)})
-    wait_for(
-        "the record in the aggregates",
+    wait_until(
         lambda: query(
             db,
             "SELECT count FROM telemetry_requestaggregate WHERE node_id = ? AND resolution = '10s'",
             us_east_1,
         ),
         20,
-        processes,
+        what="the record in the aggregates",
+        interval_s=0.2,
+        describe=processes.logs,
     )
 
     # 4. Killing a node marks it unhealthy, and the gateway's eligibility rules drop it.
     killed_at = time.monotonic()
     processes.stop("sim-victim", sig=9)
-    wait_for(
-        "ap-south-1 unhealthy in live state",
+    wait_until(
         lambda: live_state(stack)[0]["ap-south-1"].healthy is False,
         30,
-        processes,
+        what="ap-south-1 unhealthy in live state",
+        interval_s=0.2,
+        describe=processes.logs,
     )
     seconds_to_unhealthy = time.monotonic() - killed_at
     print(f"\nap-south-1 marked unhealthy {seconds_to_unhealthy:.1f} s after it was killed")
