@@ -1,4 +1,4 @@
-"""The online tuner (controlplane/policies/tuner.py): the (1+1)-ES steps, and convergence on a fleet.
+"""The online tuner (controlplane/policies/tuner_math.py): the (1+1)-ES steps, and convergence on a fleet.
 
 The convergence test runs gorgo's real algorithm (``routing.algorithms.gorgo.choose``) on an
 event-driven model of the emulated fleet: the simulator's default topology (its regions and RTTs),
