@@ -376,7 +376,7 @@ def _publish_bench_key(redis_url: str, prefix: str) -> None:
     import redis
 
     from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec, RedisKeys
-    from routing.keystore import secret_hash
+    from routing.frontdoor.keystore import secret_hash
     from routing.writer import write_key_set
 
     key = ClientKeySpec(
@@ -499,7 +499,7 @@ def _tracing_on_cpu_us(requests: int = 5000) -> float:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     from routing.contract import SCHEMA_VERSION, CostTerms, NodeSpec, RequestRecord
-    from routing.tracing import GatewayTracing
+    from routing.observability.tracing import GatewayTracing
 
     class Discard(SpanExporter):
         def export(self, spans):  # the batches are built, only the network is left out

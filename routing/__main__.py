@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=config.workers,
         loop="uvloop",
         # uvicorn's httptools protocol plus limits on heads, slow clients and connections.
-        http="routing.server:GuardedHttpToolsProtocol",
+        http="routing.http.client_side:GuardedHttpToolsProtocol",
         lifespan="on",
         access_log=False,  # the request log and metrics cover it, at a fraction of the cost
         server_header=False,  # the node's Server header passes through

@@ -296,7 +296,7 @@ class RegionSpec(msgspec.Struct, frozen=True):
 
 
 class TokenizerSpec(msgspec.Struct, frozen=True):
-    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.tokenization)."""
+    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.cache.tokenization)."""
 
     tokenizer_path: str  # a Hugging Face tokenizer.json
     chat_template_path: str | None = None  # a Jinja chat template (Hugging Face format)

@@ -19,9 +19,24 @@ import logging
 import os
 import time
 
-from routing.admission import Admission
 from routing.algorithms.base import Decision, RoutingRequest, RoutingView
-from routing.asgi import (
+from routing.cache.prompt import (
+    DEFAULT_CHARS_PER_TOKEN,
+    BodyError,
+    Endpoint,
+    ParsedRequest,
+    PrefixIndex,
+    parse_body,
+)
+from routing.cache.token_ratio import CharsPerToken
+from routing.cache.tokenization import PromptIds, Tokenizers
+from routing.config import GatewayConfig
+from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
+from routing.deadlines import FixedDelay
+from routing.errors import GatewayError
+from routing.frontdoor.admission import Admission
+from routing.frontdoor.front_door import FrontDoor, Grant
+from routing.http.asgi import (
     ClientGone,
     DisconnectWatch,
     Receive,
@@ -32,30 +47,7 @@ from routing.asgi import (
     scan_request_headers,
     send_response,
 )
-from routing.breaker import Breakers, RetryBudget
-from routing.config import GatewayConfig
-from routing.contract import SCHEMA_VERSION, ClientKeySpec, NodeSpec, RequestRecord
-from routing.deadlines import FixedDelay
-from routing.errors import GatewayError
-from routing.frontdoor import FrontDoor, Grant
-from routing.inflight import InFlight, Lease
-from routing.metrics import NO_NODE, GatewayMetrics
-from routing.node_probe import HungWatch, NodeProber
-from routing.policy_store import PolicyStore
-from routing.prompt import (
-    DEFAULT_CHARS_PER_TOKEN,
-    BodyError,
-    Endpoint,
-    ParsedRequest,
-    PrefixIndex,
-    parse_body,
-)
-from routing.requestlog import RequestLog
-from routing.table import RoutingTable
-from routing.token_ratio import CharsPerToken
-from routing.tokenization import PromptIds, Tokenizers
-from routing.tracing import GatewayTracing
-from routing.upstream import (
+from routing.http.upstream import (
     ConnectFailed,
     ConnectTimeout,
     Disconnected,
@@ -66,7 +58,15 @@ from routing.upstream import (
     UpstreamResponse,
     encode_headers,
 )
-from routing.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
+from routing.http.usage import USAGE_TAIL_BYTES, PromptTokensDetails, Usage, parse_stream_usage, parse_usage
+from routing.observability.exporter import NO_NODE, GatewayMetrics
+from routing.observability.request_log import RequestLog
+from routing.observability.tracing import GatewayTracing
+from routing.resilience.breaker import Breakers, RetryBudget
+from routing.resilience.node_probe import HungWatch, NodeProber
+from routing.state.inflight import InFlight, Lease
+from routing.state.policy_store import PolicyStore
+from routing.state.table import RoutingTable
 
 logger = logging.getLogger("routing.proxy")
 

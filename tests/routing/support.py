@@ -41,7 +41,7 @@ from routing.contract import (
     RTTTable,
     encode,
 )
-from routing.keystore import secret_hash
+from routing.frontdoor.keystore import secret_hash
 from routing.writer import write_key_set_async, write_snapshot_async
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,4 +1,4 @@
-"""The gateway's own upstream client (routing/upstream.py) and its fixed-delay timers, on real sockets."""
+"""The gateway's own upstream client (routing/http/upstream.py) and its fixed-delay timers, on real sockets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from routing.deadlines import FixedDelay
-from routing.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
+from routing.http.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
 from simulator.harness import free_port
 
 CHAT = "/v1/chat/completions"

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 
 from routing.background import sleep_unless, stop_tasks
-from routing.breaker import Breakers
 from routing.deadlines import Deadline, FixedDelay
-from routing.table import RoutingTable
-from routing.upstream import UpstreamClient, UpstreamError, make_target
+from routing.http.upstream import UpstreamClient, UpstreamError, make_target
+from routing.resilience.breaker import Breakers
+from routing.state.table import RoutingTable
 
 logger = logging.getLogger("routing.breaker")
 

@@ -225,7 +225,7 @@ class PrefixIndex(Protocol):
     the policy's algorithm has ``needs_prefix_matches``), ``observe`` when a node reported how many
     prompt tokens it had cached, and ``sync_nodes``/``set_chars_per_token`` when a new snapshot
     arrives. Implementations must be fast and never do I/O in these calls: they run on the
-    request path. ``routing.prefix_index.ApproxPrefixIndex`` is the production implementation.
+    request path. ``routing.cache.approx_index.ApproxPrefixIndex`` is the production implementation.
     """
 
     def match(

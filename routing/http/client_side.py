@@ -23,7 +23,7 @@ Memory stays bounded: the head is refused once it passes the limit (at most one 
 beyond it is ever held), bodies are paused by uvicorn's flow control and capped by
 ``GORGO_MAX_BODY_BYTES`` in the app, and every timer is cancelled with its connection.
 
-The class is named by import string (``routing.server:GuardedHttpToolsProtocol``), so each worker
+The class is named by import string (``routing.http.client_side:GuardedHttpToolsProtocol``), so each worker
 process builds it itself; it reads its limits from the environment once per process, and keeps
 its counters (``ClientStats``) on the class, one set per process, which the gateway's metrics read.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
-from routing.keystore import KeyStore
+from routing.frontdoor.keystore import KeyStore
 
 MISSING = "missing"
 INVALID = "invalid"

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import msgspec
 
 from routing.algorithms.base import AlgorithmInfo
+from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN
 from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot
-from routing.eligibility import eligible_nodes, served_models
-from routing.prompt import DEFAULT_CHARS_PER_TOKEN
-from routing.upstream import Target, make_target
+from routing.http.upstream import Target, make_target
+from routing.state.eligibility import eligible_nodes, served_models
 
 UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions")
 

@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from routing.inflight import InFlight
+from routing.state.inflight import InFlight
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

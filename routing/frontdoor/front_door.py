@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 
-from routing.asgi import RequestHeaders
-from routing.auth import AuthError, authenticate, authorize, presented_secret
-from routing.concurrency import ConcurrencyLimiter
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
-from routing.keystore import KeyStore
-from routing.metrics import GatewayMetrics
-from routing.ratelimit import RateLimiter
-from routing.usage import Usage
+from routing.frontdoor.auth import AuthError, authenticate, authorize, presented_secret
+from routing.frontdoor.concurrency import ConcurrencyLimiter
+from routing.frontdoor.keystore import KeyStore
+from routing.frontdoor.ratelimit import RateLimiter
+from routing.http.asgi import RequestHeaders
+from routing.http.usage import Usage
+from routing.observability.exporter import GatewayMetrics
 
 CONCURRENCY = "concurrency"
 # Credentials already checked against the current key set, at most this many (then forgotten).

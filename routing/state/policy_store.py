@@ -42,8 +42,8 @@ from routing.contract import (
     UnknownSchemaVersion,
     decode,
 )
-from routing.eligibility import rtt_from_region
-from routing.table import RoutingTable, UnknownAlgorithm, build_table
+from routing.state.eligibility import rtt_from_region
+from routing.state.table import RoutingTable, UnknownAlgorithm, build_table
 
 logger = logging.getLogger("routing.policy")
 

@@ -6,7 +6,7 @@ live entry yet counts as healthy: a fresh fleet must be routable before the firs
 in a region the policy's residency rule allows for this gateway's region, and its measured RTT from
 this region is within ``max_rtt_ms`` (an unmeasured RTT does not exclude it).
 
-The gateway evaluates these rules once per snapshot/live-state change (see ``routing.table``), not
+The gateway evaluates these rules once per snapshot/live-state change (see ``routing.state.table``), not
 per request.
 """
 

@@ -1,6 +1,6 @@
 """A model's prompt as token ids at the gateway: its chat template, then its tokenizer.
 
-Precise prefix matching (``routing.kv_index``) compares the prompt's blocks with the blocks the
+Precise prefix matching (``routing.cache.kv_aware_index``) compares the prompt's blocks with the blocks the
 node reported in its KV events, so it needs the token ids the engine computes: the chat template
 applied (vLLM's ``apply_chat_template``), then the tokenizer without added special tokens; for
 completions, the tokenizer with them (Llama's ``<|begin_of_text|>``). Each model in the snapshot may

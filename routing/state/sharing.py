@@ -60,7 +60,7 @@ from routing.contract import (
     encode,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("routing.sharing")  # the logger name operators filter on, kept across moves
 
 PRUNE_AFTER_S = 60.0
 _UPDATE_FIELD_BYTES = PREFIX_STREAM_FIELD.encode()

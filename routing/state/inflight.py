@@ -3,7 +3,7 @@
 Outstanding work per node feeds ``least_load`` and the queue terms of cost-based algorithms. A
 request counts toward its node's outstanding prefill tokens until the first byte comes back (the
 node has finished prefill by then) and toward outstanding requests until it is done.
-(Nodes that fail are kept out by ``routing.breaker``.)
+(Nodes that fail are kept out by ``routing.resilience.breaker``.)
 """
 
 from __future__ import annotations

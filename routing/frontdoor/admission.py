@@ -1,7 +1,7 @@
 """Per-node admission and a bounded priority queue for when every eligible node is full.
 
 A node takes at most ``ceil(max_num_seqs * factor)`` outstanding requests (this gateway's plus its
-peers', as ``routing/inflight.py`` knows them): vLLM runs ``max_num_seqs`` at once and queues the
+peers', as ``routing/state/inflight.py`` knows them): vLLM runs ``max_num_seqs`` at once and queues the
 rest itself, where the gateway can no longer reorder them or send them elsewhere. When every
 eligible node is at its bound, a request waits here, ``interactive`` before ``batch`` and first come
 first served within a class, for at most ``max_wait_s``; the queue holds at most ``max_length``

@@ -21,7 +21,7 @@ prefix). The gateway cannot see token ids, so it mirrors the idea on the rendere
   loop for milliseconds).
 
 Matching is pure: time comes in as ``now_s`` (unix seconds, so timestamps from other gateways
-compare). ``match``/``insert`` are the gateway's text-level hook (``routing.prompt.PrefixIndex``);
+compare). ``match``/``insert`` are the gateway's text-level hook (``routing.cache.prompt.PrefixIndex``);
 they read the injected clock and reuse the hashes of the last prompt, so a request hashes its
 prompt once. Another index (e.g. one fed by vLLM's ``--kv-events-config``) can replace this one by
 implementing the same hook.
@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import xxhash
 
+from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN
 from routing.contract import NodeSpec, PrefixUpdate
-from routing.prompt import DEFAULT_CHARS_PER_TOKEN
 
 # 256 bytes (~64 tokens at 4 chars per token): hashing a 32k-character prompt costs ~15 us; 64-byte
 # chunks (vLLM's 16-token blocks) cost ~45 us for a finer match that prompts of thousands of
@@ -130,14 +130,14 @@ class ApproxPrefixIndex:
             self._last_text = prompt_text
         return self._last_hashes
 
-    # ---- the gateway's hook (routing.prompt.PrefixIndex) ------------------------------------------
+    # ---- the gateway's hook (routing.cache.prompt.PrefixIndex) ------------------------------------------
 
     def match(
         self, node_ids: Sequence[int], prompt_text: str, prompt_ids: Sequence[int] | None = None
     ) -> dict[int, int]:
         """Node id -> estimated cached prefix tokens, for the nodes that hold some of the prompt.
 
-        Works on the text only; ``prompt_ids`` is for precise indexes (``routing.kv_index``).
+        Works on the text only; ``prompt_ids`` is for precise indexes (``routing.cache.kv_aware_index``).
         """
         return self.match_hashes(self._hashes_for(prompt_text), node_ids, self._clock())
 

@@ -4,7 +4,7 @@ One object behind the gateway's ``PrefixIndex`` hook, per node:
 
 - **precise** (the node's subscriber is connected, in sequence and fresh, and the request's model
   has a tokenizer): the prompt's token ids are cut into blocks of the node's block size, keyed by
-  content (``routing.precise_index.block_keys``) and matched against the blocks the node reported
+  content (``routing.cache.precise_index.block_keys``) and matched against the blocks the node reported
   (``PreciseIndex``), capped as vLLM caps a hit (all tokens but the last). Plus what this gateway
   sent there in the last ``PENDING_S`` seconds whose events cannot have arrived yet (the node is
   still prefilling it), so a burst sharing a new prefix is not spread over every node.
@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 from xxhash import xxh3_64_intdigest
 
+from routing.cache.approx_index import ApproxPrefixIndex
+from routing.cache.kv_events.manager import KVEvents
+from routing.cache.kv_events.subscriber import Mode
+from routing.cache.precise_index import block_keys, extend_block_keys
 from routing.contract import NodeSpec
-from routing.kv_events import KVEvents, Mode
-from routing.precise_index import block_keys, extend_block_keys
-from routing.prefix_index import ApproxPrefixIndex
 
 PENDING_S = 2.0
 PENDING_MAX_PER_NODE = 256  # prompts remembered per node while their events are on the way

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 
 from routing.background import sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
-from routing.ratelimit import RedisBackoff
+from routing.frontdoor.ratelimit import RedisBackoff
 
 logger = logging.getLogger("routing.concurrency")
 
@@ -116,7 +116,7 @@ class ConcurrencyLimiter:
         now = time.monotonic()
         if self.backoff.up(now):
             try:
-                # The client's own socket timeouts bound this (routing.ratelimit.make_limiter_redis).
+                # The client's own socket timeouts bound this (routing.frontdoor.ratelimit.make_limiter_redis).
                 admitted, _others = await self._acquire(
                     keys=[self._keys.concurrency(key.id)],
                     args=[self._gateway_id, own, limit, self._stale_ms],

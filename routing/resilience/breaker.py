@@ -2,7 +2,7 @@
 
 Telemetry marks nodes unhealthy within seconds, but it can be late or stopped, and a stale live
 entry counts as "unmeasured" (routable). The breaker does not depend on it: a node the gateway saw
-fail gets no client request until the gateway's own probe (``routing/node_probe.py``, a
+fail gets no client request until the gateway's own probe (``routing/resilience/node_probe.py``, a
 ``GET /health`` to the node) succeeds, whatever the live state says.
 
 - closed: routed normally. ``failure_threshold`` consecutive soft failures (5xx answers, dropped

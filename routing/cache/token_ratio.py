@@ -1,6 +1,6 @@
 """The characters-per-token ratio of the fleet's tokenizer, learned from the nodes' usage reports.
 
-The gateway estimates a prompt's tokens from its rendered characters (``routing.prompt``); the
+The gateway estimates a prompt's tokens from its rendered characters (``routing.cache.prompt``); the
 policy's ``chars_per_token`` is only a starting point (4.0, the usual English average). Real
 ratios vary by tokenizer, language and content (code, CJK text, the chat template's own tokens),
 and the cost model's prefill and queue terms scale with the estimate: a 20 % overestimate of
