@@ -2,7 +2,7 @@
 
     python benchmarks/front_door_cpu.py        # from the repo root; a few seconds
 
-Times what ``routing/proxy.py`` runs per request when ``GORGO_AUTH=on`` and the key has request and
+Times what the request path (``routing/proxy/handler.py``) runs per request when ``GORGO_AUTH=on`` and the key has request and
 token limits: the header scan that also picks up the key, ``FrontDoor.authenticate`` (sha256 of the
 secret, key-set lookup, expiry), ``admit`` (scope, concurrency, the rate limiter served from its
 lease) and ``done`` (slot, settlement bookkeeping, per-key metrics), against the header scan alone.

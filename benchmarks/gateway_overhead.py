@@ -457,7 +457,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 def _tracing_off_ns(loops: int = 2_000_000) -> float:
     """What the request path's tracing hooks cost while tracing is off, in ns per request.
 
-    The hooks in routing/proxy.py are one slot store (``exchange.span = None``) and three
+    The hooks in routing/proxy/ (handler, relay, outcome) are one slot store (``exchange.span = None``) and three
     ``is not None`` tests; timed here on the same kinds of objects, minus an empty call. Unlike
     the end-to-end rows this does not depend on what else the machine runs.
     """

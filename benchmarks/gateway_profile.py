@@ -64,8 +64,9 @@ FILE_RULES = [
     ("routing/http/usage", "body parse (msgspec) + usage parse"),
     ("routing/http/asgi", "header scan, body read, disconnect watch (routing/http/asgi.py)"),
     ("routing/resilience/node_probe", "hung-node watch timer"),
-    ("routing/proxy", "request path glue (routing/proxy.py)"),
-    ("routing/app", "request path glue (routing/proxy.py)"),
+    ("routing/proxy/", "request path glue (routing/proxy/)"),
+    ("routing/resilience/retry", "request path glue (routing/proxy/)"),
+    ("routing/app", "request path glue (routing/proxy/)"),
     ("asyncio/", "asyncio: tasks, events, timeouts"),
     ("<string>", "dataclass/struct constructors"),
 ]

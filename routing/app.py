@@ -47,7 +47,7 @@ from routing.http.upstream import UpstreamClient
 from routing.observability.exporter import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.observability.request_log import RequestLog
 from routing.observability.tracing import GatewayTracing, tracing_from_env
-from routing.proxy import Proxy
+from routing.proxy.handler import Proxy
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.state.inflight import InFlight
