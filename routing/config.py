@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 from urllib.parse import urlsplit
 
+from routing.env import parse_bool
 from routing.redact import mask_url
 
 # LOG_LEVEL is the one log-level variable of every gorgo process (control plane, workers, gateway).
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 OnOff = Literal["on", "off"]
-ON_OFF: tuple[OnOff, ...] = get_args(OnOff)
 
 
 _C = TypeVar("_C", bound=str)
@@ -137,7 +137,7 @@ class GatewayConfig:
             admission_factor=reader.number("GORGO_ADMISSION_FACTOR", 2.0, minimum=0.0),
             queue_max_length=reader.integer("GORGO_QUEUE_MAX_LENGTH", 512, minimum=0),
             queue_max_wait_s=reader.number("GORGO_QUEUE_MAX_WAIT_S", 5.0, minimum=0.0),
-            auth=reader.choice("GORGO_AUTH", "on", ON_OFF),
+            auth="on" if reader.flag("GORGO_AUTH", True) else "off",
             key_refresh_s=reader.number("GORGO_KEY_REFRESH_S", 5.0, minimum=0.1),
             ratelimit_redis_timeout_s=reader.number("GORGO_RATELIMIT_REDIS_TIMEOUT_S", 0.25, minimum=0.001),
             ratelimit_lease_fraction=reader.number("GORGO_RATELIMIT_LEASE_FRACTION", 0.01, minimum=0.0),
@@ -185,6 +185,15 @@ class _EnvReader:
         if not value >= minimum:  # also rejects NaN
             raise ConfigError(f"{name} must be >= {minimum}, got {raw}")
         return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            return parse_bool(raw)  # the control plane's spelling too
+        except ValueError as exc:
+            raise ConfigError(f"{name}={exc}") from None
 
     def choice(self, name: str, default: _C, choices: tuple[_C, ...]) -> _C:
         raw = self.env.get(name, "").strip().lower() or default

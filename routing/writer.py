@@ -14,7 +14,13 @@ import redis
 import redis.asyncio as aioredis
 
 from routing import contract
+from routing.algorithms import REGISTRY
 from routing.contract import ClientKeySet, KeySetAnnouncement, PolicyAnnouncement, PolicySnapshot, RedisKeys
+
+# The algorithms the gateways of this tree run, by name: what a publisher may put in a snapshot.
+# The control plane checks it against the contract's ``ALGORITHMS`` at every start (its
+# ``policies.E001`` system check) through here, never reaching into the gateway's own modules.
+GATEWAY_ALGORITHMS = REGISTRY
 
 # KEYS[1] = current snapshot key; ARGV = snapshot json, version, channel, announcement json.
 # Writes only when the stored snapshot is older (or absent); returns 1 when written.

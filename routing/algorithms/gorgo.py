@@ -262,6 +262,4 @@ def _gateway_seed(gateway_id: str) -> int:
     return zlib.crc32(gateway_id.encode())
 
 
-INFO = AlgorithmInfo(
-    params=GorgoParams, label="GORGO (network + queue + cache)", choose=choose, needs_prefix_matches=True
-)
+INFO = AlgorithmInfo(params=GorgoParams, choose=choose, needs_prefix_matches=True)

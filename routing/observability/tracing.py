@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from routing.env import parse_bool
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.trace import Span
@@ -37,7 +39,6 @@ logger = logging.getLogger("routing.tracing")
 OPERATION_NAMES = {"chat": "chat", "completions": "text_completion"}
 PROVIDER = "vllm"
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 class TracingUnavailable(RuntimeError):
@@ -46,7 +47,7 @@ class TracingUnavailable(RuntimeError):
 
 def tracing_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the standard OTEL_* variables ask for traces (no OpenTelemetry import)."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() not in _FALSE:
+    if _sdk_disabled(environ.get("OTEL_SDK_DISABLED", "")):
         return False
     exporters = {part.strip().lower() for part in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")}
     if "otlp" not in exporters:
@@ -55,6 +56,16 @@ def tracing_enabled(environ: Mapping[str, str] = os.environ) -> bool:
         environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
         or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     )
+
+
+def _sdk_disabled(raw: str) -> bool:
+    """Unset, empty or a false word leaves the SDK on; anything else turns it off (the safe side)."""
+    if not raw.strip():
+        return False
+    try:
+        return parse_bool(raw)
+    except ValueError:
+        return True
 
 
 def tracing_from_env(
