@@ -79,10 +79,6 @@ class GatewayConfig:
         )
         return f"GatewayConfig(redis_url={mask_url(self.redis_url)!r}, {shown})"
 
-    @property
-    def redis_url_masked(self) -> str:
-        return mask_url(self.redis_url)
-
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewayConfig:
         """Build and validate the configuration from ``env`` (default: ``os.environ``)."""

@@ -18,7 +18,6 @@ REVOKED = "revoked"
 EXPIRED = "expired"
 MODEL_NOT_ALLOWED = "model_not_allowed"
 REGION_NOT_ALLOWED = "region_not_allowed"
-REASONS = (MISSING, INVALID, REVOKED, EXPIRED, MODEL_NOT_ALLOWED, REGION_NOT_ALLOWED)
 
 
 class AuthError(GatewayError):

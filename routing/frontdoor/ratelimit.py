@@ -33,7 +33,6 @@ from routing.contract import ClientKeySpec, RedisKeys
 logger = logging.getLogger("routing.ratelimit")
 
 _WINDOW_MS = 60_000  # limits are per minute
-_IDLE_EXPIRE_MS = 2 * _WINDOW_MS
 
 # KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
 # extra requests and extra tokens to lease for the gateway's next requests (only what is there).

@@ -32,7 +32,6 @@ from urllib.parse import urlsplit
 import httptools
 
 _HIGH_WATER = 1 << 20
-_LOW_WATER = 1 << 18
 
 
 class UpstreamError(Exception):
