@@ -334,7 +334,7 @@ def _publish_policy(
         RedisKeys,
         RegionSpec,
     )
-    from routing.writer import write_snapshot
+    from routing.writer import write
 
     keys = RedisKeys(prefix=prefix)
     nodes = tuple(
@@ -365,7 +365,7 @@ def _publish_policy(
     )
     client = redis.Redis.from_url(redis_url)
     try:
-        if not write_snapshot(client, keys, snapshot):
+        if not write(client, keys, snapshot):
             raise RuntimeError(f"Redis already holds a snapshot newer than version {version}")
     finally:
         client.close()
@@ -377,7 +377,7 @@ def _publish_bench_key(redis_url: str, prefix: str) -> None:
 
     from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec, RedisKeys
     from routing.frontdoor.keystore import secret_hash
-    from routing.writer import write_key_set
+    from routing.writer import write
 
     key = ClientKeySpec(
         id="bench",
@@ -388,7 +388,7 @@ def _publish_bench_key(redis_url: str, prefix: str) -> None:
     )
     client = redis.Redis.from_url(redis_url)
     try:
-        write_key_set(client, RedisKeys(prefix=prefix), ClientKeySet(SCHEMA_VERSION, 1, time.time(), (key,)))
+        write(client, RedisKeys(prefix=prefix), ClientKeySet(SCHEMA_VERSION, 1, time.time(), (key,)))
     finally:
         client.close()
 

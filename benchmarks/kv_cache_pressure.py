@@ -69,7 +69,7 @@ from routing.contract import (
     decode,
     encode,
 )
-from routing.writer import write_snapshot
+from routing.writer import write
 from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
@@ -194,7 +194,7 @@ def publish(
         models=(ModelSpec(MODEL, BLOCK_SIZE, MAX_MODEL_LEN, tokenizer=tokenizer),),
         nodes=nodes,
     )
-    if not write_snapshot(client, keys, snapshot):
+    if not write(client, keys, snapshot):
         raise RuntimeError("the namespace already holds a newer snapshot")
 
 

@@ -84,7 +84,7 @@ from routing.contract import (
     decode,
     encode,
 )
-from routing.writer import write_snapshot
+from routing.writer import write
 from simulator.harness import free_port, stop_process_group, wait_until
 from simulator.server import oracle_key_of
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
@@ -394,7 +394,7 @@ def publish_policy(
         models=(ModelSpec(model, topology.nodes[0].engine.block_size, MAX_MODEL_LEN),),
         nodes=nodes,
     )
-    if not write_snapshot(client, keys, snapshot):
+    if not write(client, keys, snapshot):
         raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
 
 

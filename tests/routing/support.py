@@ -42,7 +42,7 @@ from routing.contract import (
     encode,
 )
 from routing.frontdoor.keystore import secret_hash
-from routing.writer import write_key_set_async, write_snapshot_async
+from routing.writer import write_async
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 REGIONS = (
@@ -111,7 +111,7 @@ def make_snapshot(
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
     """What the control plane does: compare-and-set the snapshot, then announce it."""
-    assert await write_snapshot_async(client, keys, snapshot), "Redis holds a newer snapshot"
+    assert await write_async(client, keys, snapshot), "Redis holds a newer snapshot"
 
 
 async def publish_live(
@@ -350,4 +350,4 @@ async def publish_keys(client: aioredis.Redis, keys: RedisKeys, *specs: ClientKe
     key_set = ClientKeySet(
         schema_version=SCHEMA_VERSION, version=time.time_ns() // 1000, written_at=time.time(), keys=specs
     )
-    await write_key_set_async(client, keys, key_set)
+    await write_async(client, keys, key_set)

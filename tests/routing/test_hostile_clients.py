@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from routing.contract import encode
+from routing.writer import write
 from tests.routing.support import make_node, make_snapshot
 from tests.routing.test_e2e_gateway import start_gateway
 
@@ -32,7 +32,7 @@ HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: applica
 @pytest.fixture
 def gateway(redis_keys, redis_url, processes):
     client = redis.Redis.from_url(redis_url)
-    client.set(redis_keys.policy_current, encode(make_snapshot((make_node(1, "http://127.0.0.1:9"),))))
+    write(client, redis_keys, make_snapshot((make_node(1, "http://127.0.0.1:9"),)))
     client.close()
     url = start_gateway(processes, redis_url, redis_keys, env=LIMITS)
     return url, processes.processes["gateway"].popen.pid
