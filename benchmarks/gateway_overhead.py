@@ -324,44 +324,30 @@ def _publish_policy(
     """Publish a snapshot with one node per mock upstream, as the control plane would."""
     import redis
 
-    from routing.contract import (
-        PARAMS_BY_ALGORITHM,
-        SCHEMA_VERSION,
-        ModelSpec,
-        NodeSpec,
-        PolicySnapshot,
-        PolicySpec,
-        RedisKeys,
-        RegionSpec,
-    )
+    from routing.contract import PARAMS_BY_ALGORITHM, RedisKeys, RegionSpec
     from routing.writer import write
+    from simulator.snapshots import make_node, make_snapshot
 
     keys = RedisKeys(prefix=prefix)
     nodes = tuple(
-        NodeSpec(
-            id=i,
+        make_node(
+            i,
+            upstream,
             name=f"mock-{i}",
             region="bench",
-            base_url=upstream,
             models=(MODEL,),
-            gpu_type="H100",
-            gpu_count=1,
-            max_num_seqs=256,
             prefill_tokens_per_s=20_000.0,
             kv_capacity_tokens=1_000_000,
-            state="active",
         )
         for i, upstream in enumerate(upstreams, start=1)
     )
-    snapshot = PolicySnapshot(
-        schema_version=SCHEMA_VERSION,
+    snapshot = make_snapshot(
+        nodes,
         version=version,
-        checksum=uuid.uuid4().hex,
-        published_at=time.time(),
-        policy=PolicySpec(id=1, name="bench", algorithm=algorithm, params=PARAMS_BY_ALGORITHM[algorithm]()),  # type: ignore[arg-type]
+        params=PARAMS_BY_ALGORITHM[algorithm](),
         regions=(RegionSpec("bench", "Bench", 0.0, 0.0),),
-        models=(ModelSpec(MODEL, 16, 8192),),
-        nodes=nodes,
+        name="bench",
+        checksum=uuid.uuid4().hex,
     )
     client = redis.Redis.from_url(redis_url)
     try:
@@ -498,8 +484,9 @@ def _tracing_on_cpu_us(requests: int = 5000) -> float:
     """
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from routing.contract import SCHEMA_VERSION, CostTerms, NodeSpec, RequestRecord
+    from routing.contract import SCHEMA_VERSION, CostTerms, RequestRecord
     from routing.observability.tracing import GatewayTracing
+    from simulator.snapshots import make_node
 
     class Discard(SpanExporter):
         def export(self, spans):  # the batches are built, only the network is left out
@@ -516,10 +503,7 @@ def _tracing_on_cpu_us(requests: int = 5000) -> float:
         gateway_id="bench", model=MODEL, status=200, stream=False, node_id=1, node_region="bench",
         algorithm="gorgo", policy_version=1, prompt_tokens=12, completion_tokens=8, cost=cost, runner_up=cost,
     )  # fmt: skip
-    node = NodeSpec(
-        id=1, name="mock-1", region="bench", base_url="http://127.0.0.1:9", models=(MODEL,), gpu_type="H100",
-        gpu_count=1, max_num_seqs=256, prefill_tokens_per_s=10000.0, kv_capacity_tokens=500000, state="active",
-    )  # fmt: skip
+    node = make_node(1, name="mock-1", region="bench", models=(MODEL,))
     started = time.process_time()
     for _ in range(requests):
         headers = [(b"Content-Type", b"application/json")]

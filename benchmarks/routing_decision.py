@@ -90,21 +90,18 @@ def timed(fn: Callable[[int], object], iterations: int, *, cpu: bool = False) ->
 def build_fleet(rng: random.Random) -> dict[str, Any]:
     from routing.algorithms.base import NodeLoad
     from routing.cache.approx_index import ApproxPrefixIndex
-    from routing.contract import NodeSpec
+    from simulator.snapshots import make_node
 
     nodes = tuple(
-        NodeSpec(
-            id=node_id,
-            name=f"node-{node_id}",
+        make_node(
+            node_id,
+            f"http://127.0.0.1:{8100 + node_id}",
             region=REGIONS[node_id % 3],
-            base_url=f"http://127.0.0.1:{8100 + node_id}",
             models=("m",),
             gpu_type="H100-80GB",
-            gpu_count=1,
             max_num_seqs=1024,
             prefill_tokens_per_s=20_000.0,
             kv_capacity_tokens=448_000,
-            state="active",
         )
         for node_id in range(1, NODES + 1)
     )
