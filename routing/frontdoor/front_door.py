@@ -9,6 +9,7 @@ The only I/O is the rate limiter's one Redis call, and only for keys that have l
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
@@ -45,8 +46,11 @@ class FrontDoor:
         limiter: RateLimiter,
         concurrency: ConcurrencyLimiter,
         metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._region = region
+        self._clock = clock  # unix seconds: key expiry; tests pass one they can move
         self.store = store
         self.limiter = limiter
         self.concurrency = concurrency
@@ -63,14 +67,14 @@ class FrontDoor:
         by_hash = self.store.by_hash
         if self._known_for is by_hash:
             key = self._known.get(credential)
-            if key is not None and (key.expires_at is None or key.expires_at > time.time()):
+            if key is not None and (key.expires_at is None or key.expires_at > self._clock()):
                 return key
         else:
             self._known = {}
             self._known_for = by_hash
         try:
             key = authenticate(
-                self.store, presented_secret(headers.authorization, headers.api_key), time.time()
+                self.store, presented_secret(headers.authorization, headers.api_key), self._clock()
             )
         except AuthError as exc:
             self._metrics.auth_failure(exc.reason)

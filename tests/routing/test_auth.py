@@ -169,7 +169,7 @@ class TestKnownCredentials:
     """The front door remembers credentials it accepted; that must never outlive a key's rights."""
 
     @staticmethod
-    def door(*specs):
+    def door(*specs, clock=time.time):
         from redis.asyncio import Redis
 
         from routing.contract import RedisKeys
@@ -189,6 +189,7 @@ class TestKnownCredentials:
             RateLimiter(client, unused),
             ConcurrencyLimiter(client, unused, "gw-test"),
             GatewayMetrics(),
+            clock=clock,
         )
 
     @staticmethod
@@ -204,9 +205,10 @@ class TestKnownCredentials:
 
         from routing.frontdoor.auth import AuthError
 
-        door = self.door(make_key(SECRET, expires_at=time.time() + 0.2))
+        now_s = [1_000_000.0]
+        door = self.door(make_key(SECRET, expires_at=now_s[0] + 0.2), clock=lambda: now_s[0])
         assert door.authenticate(self.headers(SECRET)).id == "k1"
-        time.sleep(0.25)
+        now_s[0] += 0.25
         with pytest.raises(AuthError) as refused:
             door.authenticate(self.headers(SECRET))
         assert refused.value.reason == "expired"
