@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from routing.deadlines import FixedDelay
 from routing.http.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
 from simulator.harness import free_port
+from tests.routing.manual_loop import ManualLoop
 from tests.routing.support import wait_for
 
 CHAT = "/v1/chat/completions"
@@ -143,47 +143,6 @@ async def test_a_refused_connection_is_connect_failed():
     with pytest.raises(ConnectFailed):
         await upstream.request(make_target(f"http://127.0.0.1:{free_port()}{CHAT}"), b"", b"{}")
     await upstream.close()
-
-
-class ManualTimer:
-    """A loop timer handle: when it is due, and whether it was cancelled."""
-
-    def __init__(self, when_s: float, callback: Any) -> None:
-        self.when_s = when_s
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualLoop:
-    """The three calls ``FixedDelay`` makes of a loop, on a clock the test moves."""
-
-    def __init__(self) -> None:
-        self.now_s = 1000.0
-        self.timers: list[ManualTimer] = []
-
-    def time(self) -> float:
-        return self.now_s
-
-    def call_at(self, when_s: float, callback: Any) -> ManualTimer:
-        timer = ManualTimer(when_s, callback)
-        self.timers.append(timer)
-        return timer
-
-    def call_soon(self, callback: Any) -> None:
-        callback()
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock, running every timer that falls due on the way, in order."""
-        self.now_s += seconds
-        while due := sorted(
-            (t for t in self.timers if t.when_s <= self.now_s and not t.cancelled), key=lambda t: t.when_s
-        ):
-            timer = due[0]
-            self.timers.remove(timer)
-            timer.callback()
 
 
 async def test_fixed_delay_timers_fire_in_order_and_cancelled_ones_not():
