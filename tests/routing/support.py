@@ -1,4 +1,4 @@
-"""Test helpers for the gateway: snapshot builders, a vLLM-like stub node, an in-process gateway.
+"""Test helpers for the gateway: a vLLM-like stub node, an in-process gateway (snapshots: simulator.snapshots).
 
 The stub node speaks vLLM's OpenAI API (SSE chunks as in /work/shared/fixtures/vllm_chat_stream.txt)
 and is steered per request through an extra ``stub`` object in the body, which the gateway forwards
@@ -25,93 +25,23 @@ from routing.app import Gateway
 from routing.config import GatewayConfig
 from routing.contract import (
     SCHEMA_VERSION,
-    AlgorithmParams,
     ClientKeySet,
     ClientKeySpec,
-    ModelSpec,
     NodeLiveState,
-    NodeSpec,
     PolicySnapshot,
-    PolicySpec,
     RedisKeys,
-    RegionSpec,
-    ResidencyRule,
-    RoundRobinParams,
     RTTEntry,
     RTTTable,
     encode,
 )
-from routing.keystore import secret_hash
-from routing.writer import write_key_set_async, write_snapshot_async
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-REGIONS = (
-    RegionSpec("us-east", "US East", 39.0, -77.5),
-    RegionSpec("eu-central", "EU Central", 50.1, 8.7),
-    RegionSpec("ap-south", "AP South", 19.1, 72.9),
-)
-
-
-def make_node(
-    node_id: int,
-    base_url: str = "http://127.0.0.1:9",
-    *,
-    region: str = "us-east",
-    models: tuple[str, ...] = (MODEL,),
-    state: str = "active",
-    name: str | None = None,
-) -> NodeSpec:
-    return NodeSpec(
-        id=node_id,
-        name=name or f"node-{node_id}",
-        region=region,
-        base_url=base_url,
-        models=models,
-        gpu_type="H100",
-        gpu_count=1,
-        max_num_seqs=256,
-        prefill_tokens_per_s=10_000.0,
-        kv_capacity_tokens=500_000,
-        state=state,  # type: ignore[arg-type]
-    )
-
-
-def make_snapshot(
-    nodes: tuple[NodeSpec, ...],
-    *,
-    version: int = 1,
-    params: AlgorithmParams | None = None,
-    residency: tuple[ResidencyRule, ...] = (),
-    model_scope: tuple[str, ...] = (),
-    max_rtt_ms: float | None = None,
-    schema_version: int = SCHEMA_VERSION,
-) -> PolicySnapshot:
-    params = params if params is not None else RoundRobinParams()
-    algorithm = type(params).__struct_config__.tag
-    models = sorted({model for node in nodes for model in node.models})
-    return PolicySnapshot(
-        schema_version=schema_version,
-        version=version,
-        checksum=f"sha-{version}-{algorithm}",
-        published_at=time.time(),
-        policy=PolicySpec(
-            id=1,
-            name="test-policy",
-            algorithm=algorithm,  # type: ignore[arg-type]
-            params=params,
-            model_scope=model_scope,
-            residency=residency,
-            max_rtt_ms=max_rtt_ms,
-        ),
-        regions=REGIONS,
-        models=tuple(ModelSpec(name=m, kv_block_size=16, max_context_tokens=8192) for m in models),
-        nodes=nodes,
-    )
+from routing.frontdoor.keystore import secret_hash
+from routing.writer import write_async
+from simulator.snapshots import MODEL, REGIONS, make_node, make_snapshot  # noqa: F401  (the tests' one factory)
 
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
     """What the control plane does: compare-and-set the snapshot, then announce it."""
-    assert await write_snapshot_async(client, keys, snapshot), "Redis holds a newer snapshot"
+    assert await write_async(client, keys, snapshot), "Redis holds a newer snapshot"
 
 
 async def publish_live(
@@ -350,4 +280,4 @@ async def publish_keys(client: aioredis.Redis, keys: RedisKeys, *specs: ClientKe
     key_set = ClientKeySet(
         schema_version=SCHEMA_VERSION, version=time.time_ns() // 1000, written_at=time.time(), keys=specs
     )
-    await write_key_set_async(client, keys, key_set)
+    await write_async(client, keys, key_set)
