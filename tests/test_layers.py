@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("controlplane", "telemetry", "routing", "simulator")
 
 # The project wiring at the top: it mounts every app's URLs and consumers.
-ROOTS = {"controlplane.urls", "controlplane.asgi", "controlplane.routing"}
+ROOTS = {"controlplane.urls", "controlplane.asgi"}
 APP_LAYERS = {
     "controlplane.fleet": "fleet",
     "controlplane.policies": "policies",

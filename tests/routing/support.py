@@ -8,18 +8,15 @@ unchanged: ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
 import uvicorn
-from aiohttp import web
-from multidict import CIMultiDict
 
 from routing.app import Gateway
 from routing.config import GatewayConfig
@@ -37,6 +34,8 @@ from routing.contract import (
 from routing.frontdoor.keystore import secret_hash
 from routing.writer import write_async
 from simulator.snapshots import MODEL, REGIONS, make_node, make_snapshot  # noqa: F401  (the tests' one factory)
+from tests.support.vllm_stub import SeenRequest, StubNode, stub_nodes  # noqa: F401  (the tests' one stub node)
+from tests.support.waiting import wait_for
 
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
@@ -69,141 +68,6 @@ async def publish_live(
         )
         await client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now, entries)))
         await client.publish(keys.live_channel, keys.live_rtt)
-
-
-async def wait_for(predicate: Any, timeout_s: float = 5.0, interval_s: float = 0.02) -> None:
-    """Poll ``predicate`` (sync or async) until true; fail after ``timeout_s`` (an upper bound only)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(interval_s)
-
-
-# ---- the stub node ---------------------------------------------------------------------------
-
-
-@dataclass
-class SeenRequest:
-    path: str
-    headers: CIMultiDict[str]
-    body: dict[str, Any]
-
-
-@dataclass
-class StubNode:
-    """A tiny vLLM look-alike on 127.0.0.1:<free port>."""
-
-    name: str
-    seen: list[SeenRequest] = field(default_factory=list)
-    aborted: int = 0  # requests the client (the gateway) hung up on
-    events_written: int = 0  # SSE content events written so far, over all streams
-    streams_finished: int = 0
-    runner: web.AppRunner | None = None
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._handle)
-        app.router.add_post("/v1/completions", self._handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = self.runner.addresses[0][1]
-
-    async def stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-            self.runner = None
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.seen.append(SeenRequest(request.path, CIMultiDict(request.headers), body))
-        stub = body.get("stub", {})
-        if stub.get("delay_s"):
-            await asyncio.sleep(stub["delay_s"])
-            if request.transport is None or request.transport.is_closing():
-                self.aborted += 1  # the gateway hung up while we "generated"
-                return web.Response(status=499)
-        status = stub.get("status", 200)
-        if status != 200:
-            error = {"message": "stub error", "type": "BadRequestError", "param": None, "code": status}
-            return web.json_response({"error": error}, status=status)
-        chat = request.path == "/v1/chat/completions"
-        words = [f" w{i}" for i in range(stub.get("chunks", 3))]
-        usage = {
-            "prompt_tokens": 42,
-            "total_tokens": 42 + len(words),
-            "completion_tokens": len(words),
-            "prompt_tokens_details": {"cached_tokens": 32},
-        }
-        if not body.get("stream"):
-            text = "".join(words)
-            choice = (
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                if chat
-                else {"index": 0, "text": text, "finish_reason": "stop"}
-            )
-            return web.json_response(
-                {
-                    "id": "cmpl-stub",
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": 1767225600,
-                    "model": body["model"],
-                    "choices": [choice],
-                    "usage": usage,
-                    "served_by": self.name,
-                },
-                headers={"X-Stub-Node": self.name},
-            )
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Stub-Node": self.name})
-        await response.prepare(request)
-        try:
-            for index, word in enumerate(words):
-                delta = {"role": "assistant", "content": word} if index == 0 else {"content": word}
-                choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": word}
-                chunk = {"id": "cmpl-stub", "object": "chat.completion.chunk", "model": body["model"]}
-                await response.write(
-                    b"data: " + json.dumps({**chunk, "choices": [choice]}).encode() + b"\n\n"
-                )
-                self.events_written += 1
-                if stub.get("chunk_delay_s"):
-                    await asyncio.sleep(stub["chunk_delay_s"])
-            if (body.get("stream_options") or {}).get("include_usage"):
-                chunk = {"id": "cmpl-stub", "choices": [], "usage": usage}
-                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
-            if stub.get("eof_delay_s"):
-                # The end of the body arrives after [DONE] (a slow last TCP segment).
-                await asyncio.sleep(stub["eof_delay_s"])
-            await response.write_eof()
-            self.streams_finished += 1
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.aborted += 1
-            raise
-        return response
-
-
-@asynccontextmanager
-async def stub_nodes(*names: str) -> AsyncIterator[list[StubNode]]:
-    nodes = [StubNode(name) for name in names]
-    for node in nodes:
-        await node.start()
-    try:
-        yield nodes
-    finally:
-        for node in nodes:
-            await node.stop()
 
 
 # ---- an in-process gateway -------------------------------------------------------------------
