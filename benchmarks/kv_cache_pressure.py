@@ -70,7 +70,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write_snapshot
-from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
 

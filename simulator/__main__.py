@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's --kv-events-config for NODE (repeatable; without NODE= when serving one node), "
         'e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
     )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's flag: report usage.prompt_tokens_details.cached_tokens (default: the topology's "
+        "enable_prompt_tokens_details; vLLM's own default is off)",
+    )
     parser.add_argument("--json", action="store_true", help="print the nodes as one JSON line")
     parser.add_argument(
         "--oracle",
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             time_scale=args.time_scale,
             region_ports=args.region_ports,
             kv_events=parse_kv_events_args(args.kv_events_config, served),
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         )
     except (TopologyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
