@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default=None, help="listen on this address instead of each node's host")
     parser.add_argument("--only", default=None, help="comma-separated node names to serve (default: all)")
+    parser.add_argument(
+        "--skip-region",
+        default=None,
+        help="serve no node of this region (GORGO_FLEET=vllm make run serves it with real vLLM)",
+    )
     parser.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
     parser.add_argument(
         "--auto-ports", action="store_true", help="let the OS pick free ports (printed in the table)"
@@ -124,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topology = load_topology(args.topology)
         only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
+        if args.skip_region:
+            only = [
+                node.name
+                for node in topology.nodes
+                if node.region != args.skip_region and (only is None or node.name in only)
+            ]
         served = only if only is not None else [node.name for node in topology.nodes]
         fleet = Fleet.start(
             topology,
