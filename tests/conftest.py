@@ -17,7 +17,7 @@ import redis
 
 from routing.contract import RedisKeys
 from simulator.harness import free_port, run_checked, stop_process_group, wait_until
-from tests.real_vllm import BOOT_TIMEOUT_S, RealVLLMFleet
+from tests.real_vllm import BOOT_TIMEOUT_S, INSTALL_TIMEOUT_S, RealVLLMFleet
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -191,8 +191,8 @@ def pytest_collection_modifyitems(config, items):
     """Mark the tests that touch the Django database ``uses_db``: ``make test`` runs those again
     on SQLite after the full suite on PostgreSQL (the rest does not depend on the database).
 
-    Tests on real vLLM servers go last (stable order otherwise), so the servers boot while the
-    rest of the suite runs; their time limit covers the wait for that boot."""
+    Tests on real vLLM servers go last (stable order otherwise), so vLLM installs (fresh clone)
+    and the servers boot while the rest of the suite runs; their time limit covers that wait."""
     for item in items:
         if item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(
             getattr(item, "fixturenames", ())
@@ -202,7 +202,7 @@ def pytest_collection_modifyitems(config, items):
     if real:
         for item in real:
             item.add_marker(pytest.mark.real_vllm)
-            item.add_marker(pytest.mark.timeout(BOOT_TIMEOUT_S + 300))
+            item.add_marker(pytest.mark.timeout(INSTALL_TIMEOUT_S + BOOT_TIMEOUT_S + 300))
         chosen = set(map(id, real))
         items[:] = [item for item in items if id(item) not in chosen] + real
 
