@@ -1,15 +1,18 @@
 """Project-wide API helpers: one error shape, one validating serializer base, one viewset base,
-strict field types. Pagination: ``controlplane.pagination``; the schema: ``controlplane.schema``."""
+strict field types, exact bodies and query strings. Pagination: ``controlplane.pagination``; the
+schema: ``controlplane.schema``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models, transaction
 from django.db.models import ProtectedError
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
@@ -163,7 +166,72 @@ STRICT_FIELD_MAPPING = {
 }
 
 
-class ValidatedModelSerializer(serializers.ModelSerializer):
+class ExactSerializerMixin:
+    """Refuse a body that names a field the serializer does not take: 400 naming each one.
+
+    DRF drops unknown names silently, so ``{"max_rtt": 100}`` (for ``max_rtt_ms``) answered 200
+    and changed nothing. A read-only field is refused the same way, with a message that says so:
+    ``{"is_active": true}`` accepted and ignored would look like it had worked.
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            errors = {}
+            for name in data:
+                field = self.fields.get(name)
+                if field is None:
+                    errors[name] = ["Unknown field."]
+                elif field.read_only:
+                    errors[name] = [READ_ONLY_MESSAGES.get(name, "This field is read-only.")]
+            if errors:
+                raise exceptions.ValidationError(errors, code="unknown_field")
+        return super().to_internal_value(data)
+
+
+# Read-only fields a client may think it can set, and how it does what it meant.
+READ_ONLY_MESSAGES = {"is_active": "Read-only: publishing a policy makes it the active one."}
+
+
+class ExactSerializer(ExactSerializerMixin, serializers.Serializer):
+    """A request body serializer that refuses unknown fields (see ``ExactSerializerMixin``)."""
+
+
+class ExactQueryParamsMixin:
+    """Refuse a query parameter the operation does not document: 400 naming each one.
+
+    DRF ignores what it does not know, so ``?search=x`` or ``?regoin=eu`` answered the whole list
+    as if filtered. The parameters an operation takes are the ones its OpenAPI operation lists,
+    from the same sources: on a list, the filter backends' and the paginator's; everywhere, the
+    view's ``extra_query_params``.
+    """
+
+    extra_query_params: tuple[str, ...] = ()
+
+    def initial(self, request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        unknown = sorted(set(request.query_params) - self.documented_query_params())
+        if unknown:
+            raise exceptions.ValidationError(
+                {name: ["Unknown query parameter."] for name in unknown}, code="unknown_parameter"
+            )
+
+    def documented_query_params(self) -> set[str]:
+        names = set(self.extra_query_params)
+        if getattr(self, "action", None) == "list":
+            for backend_class in getattr(self, "filter_backends", ()):
+                backend = backend_class()
+                if hasattr(backend, "get_filterset_class"):  # django-filter's: documented by spectacular
+                    filterset = backend.get_filterset_class(self, self.get_queryset())
+                    names.update(filterset.base_filters if filterset is not None else ())
+                else:
+                    names.update(p["name"] for p in backend.get_schema_operation_parameters(self))
+            paginator = getattr(self, "paginator", None)
+            if paginator is not None:
+                names.update(p["name"] for p in paginator.get_schema_operation_parameters(self))
+        return names
+
+
+class ValidatedModelSerializer(ExactSerializerMixin, serializers.ModelSerializer):
     """A ModelSerializer that validates through ``Model.full_clean()``, like the admin does.
 
     So the API and the admin accept and reject exactly the same objects, with the same field
@@ -197,9 +265,18 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
             return super().update(instance, validated_data)
 
 
-class BaseModelViewSet(viewsets.ModelViewSet):
-    """A ModelViewSet that records every change in the audit trail (who, when, what changed) and
-    refuses, with 409 and the reason, to delete what routing still uses."""
+class BaseAPIView(ExactQueryParamsMixin, APIView):
+    """An APIView that refuses undocumented query parameters."""
+
+
+class BaseReadOnlyViewSet(ExactQueryParamsMixin, viewsets.ReadOnlyModelViewSet):
+    """A ReadOnlyModelViewSet that refuses undocumented query parameters."""
+
+
+class BaseModelViewSet(ExactQueryParamsMixin, viewsets.ModelViewSet):
+    """A ModelViewSet that records every change in the audit trail (who, when, what changed),
+    refuses, with 409 and the reason, to delete what routing still uses, and refuses undocumented
+    query parameters."""
 
     def perform_create(self, serializer) -> None:
         super().perform_create(serializer)

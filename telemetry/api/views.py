@@ -6,11 +6,10 @@ import logging
 import time
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from controlplane.api import BaseAPIView, BaseReadOnlyViewSet
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from telemetry.api.serializers import (
@@ -36,7 +35,7 @@ from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, Reque
 log = logging.getLogger(__name__)
 
 
-class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
+class LiveNodeViewSet(BaseReadOnlyViewSet):
     """Every node with its measured health, load, KV-cache use, prefix hit rate and RTT per region."""
 
     queryset = Node.objects.select_related("region", "health").order_by("region__slug", "name")
@@ -53,7 +52,7 @@ class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
         return {**context, "live": state.nodes, "rtt": rtt, "now": time.time()}
 
 
-class RTTMatrixView(APIView):
+class RTTMatrixView(BaseAPIView):
     """The live RTT table as a region x node matrix (what the gateways route with)."""
 
     @extend_schema(responses=RTTMatrixSerializer)
@@ -77,7 +76,7 @@ class RTTMatrixView(APIView):
         return Response(RTTMatrixSerializer(data).data)
 
 
-class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
+class RTTSampleViewSet(BaseReadOnlyViewSet):
     """Individual RTT probes, newest first."""
 
     queryset = RTTSample.objects.select_related("region", "node")
@@ -85,7 +84,7 @@ class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RTTSampleFilterSet
 
 
-class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
+class MetricSampleViewSet(BaseReadOnlyViewSet):
     """Scrape intervals of every node, newest first."""
 
     queryset = MetricSample.objects.select_related("node")
@@ -93,7 +92,7 @@ class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = MetricSampleFilterSet
 
 
-class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
+class HealthEventViewSet(BaseReadOnlyViewSet):
     """Health transitions, newest first."""
 
     queryset = HealthEvent.objects.select_related("node")
@@ -101,7 +100,7 @@ class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = HealthEventFilterSet
 
 
-class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
+class RequestAggregateViewSet(BaseReadOnlyViewSet):
     """Request buckets (10s or 1m) per node or gateway region, with the TTFT breakdown."""
 
     queryset = RequestAggregate.objects.select_related("region", "node")
@@ -109,7 +108,7 @@ class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RequestAggregateFilterSet
 
 
-class KeyUsageViewSet(viewsets.ReadOnlyModelViewSet):
+class KeyUsageViewSet(BaseReadOnlyViewSet):
     """Request buckets (10s or 1m) per client key and priority class: requests, errors, tokens, TTFT."""
 
     queryset = KeyUsageAggregate.objects.select_related("client_key")
