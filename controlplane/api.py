@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import models, transaction
+from django.db import IntegrityError, OperationalError, models, transaction
 from django.db.models import ProtectedError
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
@@ -27,6 +27,13 @@ class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object is in use."
     default_code = "conflict"
+
+
+class ConcurrentWriteError(ConflictError):
+    """Another writer changed the same thing at the same moment; nothing of this request was kept."""
+
+    default_detail = "A concurrent change conflicted with this one; nothing was changed. Retry the request."
+    default_code = "concurrent_write"
 
 
 class UnavailableError(Exception):
@@ -77,6 +84,14 @@ def exception_handler(exc, context):
             {"detail": f"Cannot delete: still referenced by {names}.", "code": "conflict"},
             status=status.HTTP_409_CONFLICT,
         )
+    if isinstance(exc, IntegrityError | OperationalError) and _is_write_conflict(exc):
+        # A constraint or lock the validation could not foresee, hit by a concurrent writer: the
+        # transaction rolled back, and the same request sent again will see the other's change.
+        log.warning("concurrent write conflict: %s", exc)
+        return Response(
+            {"detail": ConcurrentWriteError.default_detail, "code": ConcurrentWriteError.default_code},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, UnavailableError):
         # The cause names internal hosts and ports: it goes to the log, not to the client.
         log.warning("%s: %s", exc.code, exc)
@@ -86,6 +101,17 @@ def exception_handler(exc, context):
     if isinstance(exc, exceptions.APIException) or exc is not None:
         return drf_exception_handler(exc, context)
     return None
+
+
+# PostgreSQL SQLSTATEs of a write that lost to a concurrent one: serialization failure, deadlock.
+_CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+
+
+def _is_write_conflict(exc: Exception) -> bool:
+    if isinstance(exc, IntegrityError):
+        return True
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) in _CONFLICT_SQLSTATES or "database is locked" in str(exc)
 
 
 class StrictCharField(serializers.CharField):
@@ -209,6 +235,8 @@ class ExactQueryParamsMixin:
 
     def initial(self, request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)
+        if getattr(self, request.method.lower(), None) is None:
+            return  # a method the route does not have: DRF answers 405, which says more
         unknown = sorted(set(request.query_params) - self.documented_query_params())
         if unknown:
             raise exceptions.ValidationError(
