@@ -205,3 +205,7 @@ def test_the_schema_closes_request_bodies(viewer_client) -> None:
     assert components["PatchedRoutingPolicyRequest"]["additionalProperties"] is False
     assert components["PublishRequestRequest"]["additionalProperties"] is False
     assert components["RegionRequest"]["additionalProperties"] is False
+
+
+def test_a_method_the_route_lacks_is_a_405_even_with_unknown_parameters(operator_client, fleet) -> None:
+    assert operator_client.put("/api/v1/policy-versions/", {}, QUERY_STRING="x=1").status_code == 405
