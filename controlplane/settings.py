@@ -308,8 +308,10 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "tele
 GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 # Bearer token Prometheus sends to the control plane's /metrics; empty: loopback clients only.
 GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
-# How often the active policy is re-checked against Redis (republished if Redis missed a change).
-GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
+# How often what the gateways read from Redis (the policy snapshot, the client key set) is checked
+# against the database and written back when Redis lost or missed it (controlplane/reconcile.py).
+# A pass that finds everything in place reads a few rows and two keys.
+GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 5.0, minimum=1.0)
 # Online tuning (docs/routing.md): a window lasts at least GORGO_TUNER_WINDOW_S and holds at least
 # GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test.
 GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)

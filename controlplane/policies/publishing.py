@@ -64,10 +64,12 @@ class PublishError(UnavailableError):
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What a publish did: the live version, and whether it is new."""
+    """What a publish did: the live version, whether it is new, and whether an unchanged one was
+    written back to a Redis that had lost it."""
 
     version: PolicyVersion
     created: bool
+    restored: bool = False
 
 
 def compile_policy(policy: RoutingPolicy) -> PolicySnapshot:
@@ -218,8 +220,7 @@ def _publish_once(
         content = compile_policy(policy) if spec is None else compile_spec(spec)
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
-            _ensure_live_in_redis(live)
-            return PublishResult(version=live, created=False)
+            return PublishResult(version=live, created=False, restored=_ensure_live_in_redis(live))
         # Above both the database's and Redis's newest: after a database restore the gateways may
         # run a higher version than any we remember, and a lower number would never go live.
         number = max(PolicyVersion.objects.aggregate(top=Max("number"))["top"] or 0, _redis_version()) + 1
@@ -257,14 +258,16 @@ def _redis_version() -> int:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
 
 
-def _ensure_live_in_redis(live: PolicyVersion) -> None:
+def _ensure_live_in_redis(live: PolicyVersion) -> bool:
+    """Write the live version back when Redis lost it (or holds another); True when written."""
     keys = redis_keys()
     try:
         current = redis_client().get(keys.policy_current)
     except redis.RedisError as exc:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
     if current is None or msgspec.json.decode(current).get("version") != live.number:
-        write_snapshot(contract.decode(live.snapshot, PolicySnapshot))
+        return write_snapshot(contract.decode(live.snapshot, PolicySnapshot))
+    return False
 
 
 def rollback(
