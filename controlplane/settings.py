@@ -301,6 +301,11 @@ GORGO_HEALTH_FAILURES = envint("GORGO_HEALTH_FAILURES", 3, minimum=1)
 GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
 # Probes and scrapes make several requests a second; httpx would log each one at INFO.
 LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
+# The worker logged two INFO lines per task ("received", "succeeded in"): with probes, scrapes and
+# the reconcile every few seconds, ~175 lines a minute that scrolled `make run`'s banner away.
+# Failures still log (WARNING and up); beat's one line per due task stays.
+LOGGING["loggers"]["celery.app.trace"] = {"level": "WARNING"}
+LOGGING["loggers"]["celery.worker.strategy"] = {"level": "WARNING"}
 # One OpenAPI enum for the health values used by several telemetry fields.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
 # Fleet changes within this many seconds are republished together, as one version that lists
