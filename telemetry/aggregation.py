@@ -50,6 +50,7 @@ from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bi
 from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate
+from telemetry.outcomes import client_refused, fleet_failed
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,13 @@ class Contribution:
 
     @property
     def failed(self) -> bool:
-        """The fleet failed the request: a 5xx, or no answer at all."""
-        return self.record.status >= 500 or self.record.error is not None
+        """The fleet failed the request (``telemetry.outcomes``)."""
+        return fleet_failed(self.record)
 
     @property
     def client_failed(self) -> bool:
-        """The client's request was refused (4xx): not the fleet's failure."""
-        return 400 <= self.record.status < 500 and self.record.error is None
+        """The client's request was refused (4xx, ``telemetry.outcomes``): not the fleet's failure."""
+        return client_refused(self.record)
 
     def add_to(self, delta: BucketDelta) -> None:
         record = self.record
