@@ -124,6 +124,23 @@ def test_it_shows_every_page_with_labelled_data(operator_session: Session, artif
     operator_session.open("/breakdown/")
     operator_session.charts_drawn("by-region", "by-node", "ttft-over-time")
     assert page.evaluate("document.getElementById('by-region').layout.yaxis.title.text").startswith("ms")
+    # The y-axis title is drawn whole beside the plot (a long one ran past the plot area, over the
+    # tick labels, and was cut at the chart's edge on narrower screens).
+    for chart in ("by-region", "by-node"):
+        fits = page.evaluate(
+            f"""() => {{
+                 const plot = document.querySelector('#{chart} .nsewdrag').getBoundingClientRect();
+                 const title = document.querySelector('#{chart} .ytitle').getBoundingClientRect();
+                 const svg = document.querySelector('#{chart} .main-svg').getBoundingClientRect();
+                 return title.height > 0 && title.top >= plot.top - 1 && title.bottom <= plot.bottom + 1
+                   && title.left >= svg.left;
+               }}"""
+        )
+        assert fits, chart
+    # The median bucket says what it is, and why it is not the p50 shown elsewhere.
+    assert (
+        "not the requests' p50" in page.locator("#by-region").locator("xpath=ancestor::section").inner_text()
+    )
     # The stacked parts add up to the marker drawn beside them (the same statistic).
     assert page.evaluate(
         """() => ['by-region', 'by-node'].every((id) => {

@@ -137,6 +137,25 @@ def test_a_breakdown_that_leaves_too_much_unexplained_is_flagged(tel, fleet):
     assert parts.within_tolerance is False
 
 
+def test_the_parts_never_overshoot_the_ttft_they_explain(tel, fleet):
+    """Node means over a scrape interval (20 + 50 ms) and the RTT (88 ms) exceed what a fast
+    request's TTFT (100 ms, 2 at the gateway) leaves: its own parts happened inside its TTFT, so
+    they are bounded by it; "other" was -60 ms and the bar stacked past its TTFT marker."""
+    _regions, node = fleet
+    append(tel, *(record(node, ts=T0 + 1 + i * 0.5, ttft_ms=100.0) for i in range(4)))
+    append(tel, record(node, ts=T0 + 3, ttft_ms=60.0))  # even the RTT is more than it leaves
+
+    run_round(tel.client, tel.keys)
+
+    parts = breakdown_of(bucket("10s", node=node))
+    assert parts.other_ms >= 0.0
+    assert (
+        parts.gateway_ms + parts.network_ms + parts.queue_ms + parts.prefill_ms <= parts.ttft_mean_ms + 1e-6
+    )
+    assert parts.queue_ms / parts.prefill_ms == pytest.approx(20.0 / 50.0, rel=1e-3)  # scaled together
+    assert parts.network_ms == pytest.approx((4 * 88.0 + 58.0) / 5)
+
+
 def test_it_counts_requests_errors_tokens_and_ttft_quantiles_in_both_resolutions(tel, fleet):
     _regions, node = fleet
     good = [record(node, ts=T0 + 1 + i * 0.05, ttft_ms=float(i)) for i in range(1, 101)]
