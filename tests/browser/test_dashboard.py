@@ -264,3 +264,41 @@ def test_it_says_disconnected_keeps_the_last_values_and_reconnects(
     # Backoff: 1, 2, 4 ... s (jittered); the server was gone for a few seconds at most.
     page.wait_for_function("Gorgo.socketState.state === 'live'", timeout=30_000)
     assert page.inner_text("#conn") == "live"
+
+
+@pytest.mark.parametrize("width", [1440, 1280, 1024])
+def test_revoke_rotate_and_the_state_are_reachable_on_the_keys_page(
+    operator_session: Session, width: int
+) -> None:
+    """At 1,440 px and less the 13-column table ran under the "New key" panel: Revoke could not be
+    clicked, and at 1,280 px Rotate and the State column were hidden. Now they are visible and on
+    top at each width, and a click on Revoke (at 1,280 px) revokes the key."""
+    page = operator_session.page
+    page.set_viewport_size({"width": width, "height": 900})
+    operator_session.open("/keys/")
+    name = f"leaked-{width}"
+    page.fill("#id_name", name)
+    page.fill("#id_owner", "browser test")
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#new-secret")
+    row = page.locator("#key-table tbody tr", has=page.locator(f"th:text-is('{name}')"))
+    for target in (
+        row.locator("button:text-is('Revoke')"),
+        row.locator("button:text-is('Rotate')"),
+        row.locator(".badge"),
+    ):
+        target.scroll_into_view_if_needed()
+        assert target.is_visible()
+        # What a click at the element's centre would hit is the element itself: nothing covers it.
+        assert target.evaluate(
+            """(el) => { const r = el.getBoundingClientRect();
+                         const hit = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);
+                         return hit === el || el.contains(hit); }"""
+        ), (width, target)
+    if width != 1280:
+        return
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button:text-is('Revoke')").click()
+    page.wait_for_load_state()
+    revoked = page.locator("#key-table tbody tr", has=page.locator(f"th:text-is('{name}')"))
+    assert revoked.locator(".badge").inner_text() == "revoked"
