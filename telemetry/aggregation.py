@@ -282,7 +282,16 @@ def apply_batch(entries: list[tuple[str, RequestRecord | None]], rtt: RTTTable |
             return BatchResult(added=0, duplicates=len(seen), malformed=malformed)
         now = timezone.now()
         ProcessedRequestEntry.objects.bulk_create(
-            [ProcessedRequestEntry(stream_id=stream_id, processed_at=now) for stream_id, _ in fresh]
+            [
+                ProcessedRequestEntry(
+                    stream_id=stream_id,
+                    processed_at=now,
+                    request_id=record.request_id[:128],
+                    ts=datetime.fromtimestamp(record.ts, tz=UTC),
+                    record=contract.encode(record).decode(),
+                )
+                for stream_id, record in fresh
+            ]
         )
         records = [record for _, record in fresh]
         deltas = _deltas(contributions(records, rtt), records)

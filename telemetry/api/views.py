@@ -6,6 +6,7 @@ import logging
 import time
 
 from drf_spectacular.utils import extend_schema
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -18,6 +19,7 @@ from telemetry.api.serializers import (
     LiveNodeSerializer,
     MetricSampleSerializer,
     RequestAggregateSerializer,
+    RequestLogSerializer,
     RTTFromRegionSerializer,
     RTTMatrixSerializer,
     RTTSampleSerializer,
@@ -27,10 +29,18 @@ from telemetry.filtersets import (
     KeyUsageFilterSet,
     MetricSampleFilterSet,
     RequestAggregateFilterSet,
+    RequestLogFilterSet,
     RTTSampleFilterSet,
 )
 from telemetry.live import read_live_state
-from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    ProcessedRequestEntry,
+    RequestAggregate,
+    RTTSample,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,3 +124,22 @@ class KeyUsageViewSet(BaseReadOnlyViewSet):
     queryset = KeyUsageAggregate.objects.select_related("client_key")
     serializer_class = KeyUsageSerializer
     filterset_class = KeyUsageFilterSet
+
+
+class RequestLogViewSet(BaseReadOnlyViewSet):
+    """Finished requests as their gateways logged them, newest first: find one by its x-request-id
+    (``/requests/{request_id}/`` or ``?request_id=``). Kept ``GORGO_RAW_RETENTION_H`` hours."""
+
+    queryset = ProcessedRequestEntry.objects.exclude(record="").order_by("-ts", "-pk")
+    serializer_class = RequestLogSerializer
+    filterset_class = RequestLogFilterSet
+    lookup_field = "request_id"
+    lookup_value_regex = "[^/]+"
+
+    def get_object(self) -> ProcessedRequestEntry:
+        request_id = self.kwargs["request_id"]
+        entry = ProcessedRequestEntry.find(request_id)
+        if entry is None:
+            raise NotFound(ProcessedRequestEntry.not_found_message(request_id))
+        self.check_object_permissions(self.request, entry)
+        return entry
