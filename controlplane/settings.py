@@ -6,6 +6,7 @@ at start with ImproperlyConfigured, not at 3 a.m.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -205,6 +206,16 @@ AUTHENTICATION_BACKENDS = ["controlplane.throttling.ThrottledModelBackend"]
 # the window ends (logins refused, API 429).
 GORGO_AUTH_FAILURES = envint("GORGO_AUTH_FAILURES", 10, minimum=1)
 GORGO_AUTH_FAILURE_WINDOW_S = envint("GORGO_AUTH_FAILURE_WINDOW_S", 300, minimum=1)
+# Addresses (or CIDR networks) of the reverse proxies in front of the web process, whose
+# X-Forwarded-For is believed for the throttle above; empty: none, the peer address counts. Run
+# uvicorn with --no-proxy-headers (our commands do): its default believes X-Forwarded-For from
+# 127.0.0.1, so anything on the machine could name a new address per request and never be throttled.
+try:
+    GORGO_TRUSTED_PROXIES = tuple(
+        ipaddress.ip_network(item, strict=False) for item in envlist("GORGO_TRUSTED_PROXIES", "")
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(f"GORGO_TRUSTED_PROXIES: {exc}") from None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

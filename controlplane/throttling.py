@@ -13,6 +13,7 @@ and one counter covers both paths with the Redis the control plane already has.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 import redis
@@ -29,7 +30,28 @@ log = logging.getLogger(__name__)
 
 
 def client_address(request: HttpRequest) -> str:
-    return request.META.get("REMOTE_ADDR") or "unknown"
+    """The address failures count against: the peer, unless the peer is a trusted proxy
+    (``GORGO_TRUSTED_PROXIES``); then the nearest X-Forwarded-For hop that is not one.
+
+    Walking from the right, because each proxy appends the address it saw: the left part of the
+    header is whatever the client wrote, and a client that could choose its address would never
+    reach the limit."""
+    peer = request.META.get("REMOTE_ADDR") or "unknown"
+    if not _is_trusted_proxy(peer):
+        return peer
+    hops = [hop.strip() for hop in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not _is_trusted_proxy(hop):
+            return hop
+    return peer
+
+
+def _is_trusted_proxy(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in settings.GORGO_TRUSTED_PROXIES)
 
 
 def is_throttled(request: HttpRequest) -> bool:

@@ -209,3 +209,13 @@ def test_the_schema_closes_request_bodies(viewer_client) -> None:
 
 def test_a_method_the_route_lacks_is_a_405_even_with_unknown_parameters(operator_client, fleet) -> None:
     assert operator_client.put("/api/v1/policy-versions/", {}, QUERY_STRING="x=1").status_code == 405
+
+
+def test_a_string_longer_than_its_max_length_is_refused_before_trimming(operator_client, fleet) -> None:
+    node = fleet.nodes["us-east-1"]
+    response = operator_client.patch(f"/api/v1/nodes/{node.pk}/", {"base_url": "/x" + " " * 600})
+    assert (response.status_code, list(response.json())) == (400, ["base_url"])
+    response = operator_client.patch(
+        f"/api/v1/regions/{fleet.regions['us-east'].pk}/", {"name": "x" + " " * 200}
+    )
+    assert (response.status_code, list(response.json())) == (400, ["name"])

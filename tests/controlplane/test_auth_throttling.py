@@ -43,3 +43,30 @@ def test_a_few_mistakes_do_not_lock_anyone_out(client, operator) -> None:
     for attempt in range(3):
         client.post("/login/", {"username": "op", "password": f"wrong-{attempt}"})
     assert client.post("/login/", {"username": "op", "password": "operator-password-1"}).status_code == 302
+
+
+def test_x_forwarded_for_counts_only_from_a_configured_proxy(operator, settings) -> None:
+    """A guesser naming a new address per request in X-Forwarded-For is throttled all the same,
+    unless its peer is a proxy the operator listed; through one, the hop the proxy saw counts."""
+    guesser = client_for("0" * 40)
+    for index in range(LIMIT):
+        spoofed = guesser.get("/api/v1/regions/", HTTP_X_FORWARDED_FOR=f"203.0.113.{index}")
+        assert spoofed.status_code == 401
+    assert guesser.get("/api/v1/regions/", HTTP_X_FORWARDED_FOR="203.0.113.99").status_code == 429
+
+    import ipaddress
+
+    settings.GORGO_TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/8"),)
+    behind = {"REMOTE_ADDR": "10.1.2.3"}
+    # The proxy appended the address it saw (198.51.100.7); the left part is the client's own word.
+    for index in range(LIMIT):
+        forwarded = f"1.2.3.{index}, 198.51.100.7"
+        assert guesser.get("/api/v1/regions/", HTTP_X_FORWARDED_FOR=forwarded, **behind).status_code == 401
+    assert (
+        guesser.get("/api/v1/regions/", HTTP_X_FORWARDED_FOR="9.9.9.9, 198.51.100.7", **behind).status_code
+        == 429
+    )
+    other_client = client_for(operator.token).get(
+        "/api/v1/regions/", HTTP_X_FORWARDED_FOR="198.51.100.8", **behind
+    )
+    assert other_client.status_code == 200
