@@ -206,6 +206,9 @@ AUTHENTICATION_BACKENDS = ["controlplane.throttling.ThrottledModelBackend"]
 # the window ends (logins refused, API 429).
 GORGO_AUTH_FAILURES = envint("GORGO_AUTH_FAILURES", 10, minimum=1)
 GORGO_AUTH_FAILURE_WINDOW_S = envint("GORGO_AUTH_FAILURE_WINDOW_S", 300, minimum=1)
+# After Redis failed on an API request's path (sign-in throttle, keys' last-used times), requests
+# skip it this long instead of each waiting out the client's timeout (controlplane/connections.py).
+GORGO_REDIS_BACKOFF_S = envfloat("GORGO_REDIS_BACKOFF_S", 5.0, minimum=0.1)
 # Addresses (or CIDR networks) of the reverse proxies in front of the web process, whose
 # X-Forwarded-For is believed for the throttle above; empty: none, the peer address counts. Run
 # uvicorn with --no-proxy-headers (our commands do): its default believes X-Forwarded-For from

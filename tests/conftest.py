@@ -212,6 +212,18 @@ def _close_connections_of_the_async_thread(request):
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_request_path_backoff():
+    """A test that made Redis fail must not leave the next one skipping Redis for seconds."""
+    yield
+    from django.conf import settings
+
+    if settings.configured:
+        from controlplane.connections import request_path_backoff
+
+        request_path_backoff.cache_clear()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -17,7 +17,7 @@ import msgspec
 import redis
 from django.db import transaction
 
-from controlplane.connections import redis_client, redis_keys
+from controlplane.connections import redis_client, redis_keys, request_path_backoff
 from controlplane.keys.models import ClientKey
 from routing import contract, writer
 from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec
@@ -116,10 +116,10 @@ def publish_keys_on_commit(reason: str) -> None:
 
 def sync_last_used() -> None:
     """Copy the gateways' last-used times (a Redis hash) into the keys; quiet when Redis is away."""
-    try:
-        seen = writer.read_last_used(redis_client(), redis_keys())
-    except redis.RedisError:
-        return
+    seen: dict[str, float] = {}
+    with request_path_backoff().attempt("keys' last-used times") as go:
+        if go:
+            seen = writer.read_last_used(redis_client(), redis_keys())
     if not seen:
         return
     for key in ClientKey.objects.filter(key_id__in=list(seen)):
