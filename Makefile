@@ -41,7 +41,7 @@ run: install
 	test -s var/operator-password || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(12))" > var/operator-password); \
 	export GORGO_OPERATOR_PASSWORD="$${GORGO_OPERATOR_PASSWORD:-$$(cat var/operator-password)}"; \
 	$(PY) manage.py migrate --no-input -v 0 && \
-	$(PY) manage.py seed_demo && \
+	$(PY) manage.py seed_demo --token-file var/api-token && \
 	$(PY) manage.py seed_demo_key && \
 	GORGO_DEMO_KEY=$$(cat var/demo-key) bash scripts/banner.sh && \
 	exec $(VENV)/bin/honcho start -f Procfile

@@ -1,15 +1,18 @@
 """Project-wide API helpers: one error shape, one validating serializer base, one viewset base,
-strict field types. Pagination: ``controlplane.pagination``; the schema: ``controlplane.schema``."""
+strict field types, exact bodies and query strings. Pagination: ``controlplane.pagination``; the
+schema: ``controlplane.schema``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import models, transaction
+from django.db import IntegrityError, OperationalError, models, transaction
 from django.db.models import ProtectedError
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
+from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane import audit
@@ -24,6 +27,13 @@ class ConflictError(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The object is in use."
     default_code = "conflict"
+
+
+class ConcurrentWriteError(ConflictError):
+    """Another writer changed the same thing at the same moment; nothing of this request was kept."""
+
+    default_detail = "A concurrent change conflicted with this one; nothing was changed. Retry the request."
+    default_code = "concurrent_write"
 
 
 class UnavailableError(Exception):
@@ -74,6 +84,14 @@ def exception_handler(exc, context):
             {"detail": f"Cannot delete: still referenced by {names}.", "code": "conflict"},
             status=status.HTTP_409_CONFLICT,
         )
+    if isinstance(exc, IntegrityError | OperationalError) and _is_write_conflict(exc):
+        # A constraint or lock the validation could not foresee, hit by a concurrent writer: the
+        # transaction rolled back, and the same request sent again will see the other's change.
+        log.warning("concurrent write conflict: %s", exc)
+        return Response(
+            {"detail": ConcurrentWriteError.default_detail, "code": ConcurrentWriteError.default_code},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, UnavailableError):
         # The cause names internal hosts and ports: it goes to the log, not to the client.
         log.warning("%s: %s", exc.code, exc)
@@ -85,12 +103,27 @@ def exception_handler(exc, context):
     return None
 
 
+# PostgreSQL SQLSTATEs of a write that lost to a concurrent one: serialization failure, deadlock.
+_CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+
+
+def _is_write_conflict(exc: Exception) -> bool:
+    if isinstance(exc, IntegrityError):
+        return True
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) in _CONFLICT_SQLSTATES or "database is locked" in str(exc)
+
+
 class StrictCharField(serializers.CharField):
-    """A string, only: ``{"name": 0}`` is a 400, not the name "0"."""
+    """A string, only: ``{"name": 0}`` is a 400, not the name "0". Its length is checked as sent:
+    DRF trims whitespace first, so ``"/x" + 600 spaces`` passed a ``maxLength`` of 200 that the
+    schema promises (schemathesis ST201)."""
 
     def to_internal_value(self, data):
         if not isinstance(data, str):
             self.fail("invalid")
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
         return super().to_internal_value(data)
 
 
@@ -163,7 +196,74 @@ STRICT_FIELD_MAPPING = {
 }
 
 
-class ValidatedModelSerializer(serializers.ModelSerializer):
+class ExactSerializerMixin:
+    """Refuse a body that names a field the serializer does not take: 400 naming each one.
+
+    DRF drops unknown names silently, so ``{"max_rtt": 100}`` (for ``max_rtt_ms``) answered 200
+    and changed nothing. A read-only field is refused the same way, with a message that says so:
+    ``{"is_active": true}`` accepted and ignored would look like it had worked.
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            errors = {}
+            for name in data:
+                field = self.fields.get(name)
+                if field is None:
+                    errors[name] = ["Unknown field."]
+                elif field.read_only:
+                    errors[name] = [READ_ONLY_MESSAGES.get(name, "This field is read-only.")]
+            if errors:
+                raise exceptions.ValidationError(errors, code="unknown_field")
+        return super().to_internal_value(data)
+
+
+# Read-only fields a client may think it can set, and how it does what it meant.
+READ_ONLY_MESSAGES = {"is_active": "Read-only: publishing a policy makes it the active one."}
+
+
+class ExactSerializer(ExactSerializerMixin, serializers.Serializer):
+    """A request body serializer that refuses unknown fields (see ``ExactSerializerMixin``)."""
+
+
+class ExactQueryParamsMixin:
+    """Refuse a query parameter the operation does not document: 400 naming each one.
+
+    DRF ignores what it does not know, so ``?search=x`` or ``?regoin=eu`` answered the whole list
+    as if filtered. The parameters an operation takes are the ones its OpenAPI operation lists,
+    from the same sources: on a list, the filter backends' and the paginator's; everywhere, the
+    view's ``extra_query_params``.
+    """
+
+    extra_query_params: tuple[str, ...] = ()
+
+    def initial(self, request, *args, **kwargs) -> None:
+        super().initial(request, *args, **kwargs)
+        if getattr(self, request.method.lower(), None) is None:
+            return  # a method the route does not have: DRF answers 405, which says more
+        unknown = sorted(set(request.query_params) - self.documented_query_params())
+        if unknown:
+            raise exceptions.ValidationError(
+                {name: ["Unknown query parameter."] for name in unknown}, code="unknown_parameter"
+            )
+
+    def documented_query_params(self) -> set[str]:
+        names = set(self.extra_query_params)
+        if getattr(self, "action", None) == "list":
+            for backend_class in getattr(self, "filter_backends", ()):
+                backend = backend_class()
+                if hasattr(backend, "get_filterset_class"):  # django-filter's: documented by spectacular
+                    filterset = backend.get_filterset_class(self, self.get_queryset())
+                    names.update(filterset.base_filters if filterset is not None else ())
+                else:
+                    names.update(p["name"] for p in backend.get_schema_operation_parameters(self))
+            paginator = getattr(self, "paginator", None)
+            if paginator is not None:
+                names.update(p["name"] for p in paginator.get_schema_operation_parameters(self))
+        return names
+
+
+class ValidatedModelSerializer(ExactSerializerMixin, serializers.ModelSerializer):
     """A ModelSerializer that validates through ``Model.full_clean()``, like the admin does.
 
     So the API and the admin accept and reject exactly the same objects, with the same field
@@ -197,9 +297,18 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
             return super().update(instance, validated_data)
 
 
-class BaseModelViewSet(viewsets.ModelViewSet):
-    """A ModelViewSet that records every change in the audit trail (who, when, what changed) and
-    refuses, with 409 and the reason, to delete what routing still uses."""
+class BaseAPIView(ExactQueryParamsMixin, APIView):
+    """An APIView that refuses undocumented query parameters."""
+
+
+class BaseReadOnlyViewSet(ExactQueryParamsMixin, viewsets.ReadOnlyModelViewSet):
+    """A ReadOnlyModelViewSet that refuses undocumented query parameters."""
+
+
+class BaseModelViewSet(ExactQueryParamsMixin, viewsets.ModelViewSet):
+    """A ModelViewSet that records every change in the audit trail (who, when, what changed),
+    refuses, with 409 and the reason, to delete what routing still uses, and refuses undocumented
+    query parameters."""
 
     def perform_create(self, serializer) -> None:
         super().perform_create(serializer)

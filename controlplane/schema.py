@@ -7,6 +7,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
+from controlplane.api import ExactSerializerMixin
+
 
 class ErrorSerializer(serializers.Serializer):
     """The body of every error that is not a list of field errors."""
@@ -16,7 +18,9 @@ class ErrorSerializer(serializers.Serializer):
 
 
 _FIELD_ERRORS = OpenApiResponse(
-    OpenApiTypes.OBJECT, description="Invalid input: field name -> list of messages."
+    OpenApiTypes.OBJECT,
+    description="Invalid input: field or query parameter name -> list of messages (an unknown "
+    "field or query parameter is refused by name).",
 )
 _ERRORS = {
     "400": _FIELD_ERRORS,
@@ -33,13 +37,20 @@ _ERRORS = {
 
 
 class AutoSchema(SpectacularAutoSchema):
-    """drf-spectacular's schema, with the error answers every operation can give documented."""
+    """drf-spectacular's schema, with the error answers every operation can give documented, and
+    request bodies closed (``additionalProperties: false``): the API refuses unknown fields
+    (``controlplane.api.ExactSerializerMixin``)."""
+
+    def _map_basic_serializer(self, serializer, direction):
+        mapped = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and isinstance(serializer, ExactSerializerMixin):
+            mapped["additionalProperties"] = False
+        return mapped
 
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
-        codes = ["401", "403", "429"]
-        if self.method != "DELETE":
-            codes.append("400")  # malformed bodies and query parameters
+        # 400 everywhere: malformed bodies, unknown fields and unknown query parameters.
+        codes = ["400", "401", "403", "429"]
         if "{" in self.path:
             codes.append("404")
         if self.method in {"POST", "PUT", "PATCH", "DELETE"}:

@@ -6,6 +6,7 @@ at start with ImproperlyConfigured, not at 3 a.m.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -205,6 +206,19 @@ AUTHENTICATION_BACKENDS = ["controlplane.throttling.ThrottledModelBackend"]
 # the window ends (logins refused, API 429).
 GORGO_AUTH_FAILURES = envint("GORGO_AUTH_FAILURES", 10, minimum=1)
 GORGO_AUTH_FAILURE_WINDOW_S = envint("GORGO_AUTH_FAILURE_WINDOW_S", 300, minimum=1)
+# After Redis failed on an API request's path (sign-in throttle, keys' last-used times), requests
+# skip it this long instead of each waiting out the client's timeout (controlplane/connections.py).
+GORGO_REDIS_BACKOFF_S = envfloat("GORGO_REDIS_BACKOFF_S", 5.0, minimum=0.1)
+# Addresses (or CIDR networks) of the reverse proxies in front of the web process, whose
+# X-Forwarded-For is believed for the throttle above; empty: none, the peer address counts. Run
+# uvicorn with --no-proxy-headers (our commands do): its default believes X-Forwarded-For from
+# 127.0.0.1, so anything on the machine could name a new address per request and never be throttled.
+try:
+    GORGO_TRUSTED_PROXIES = tuple(
+        ipaddress.ip_network(item, strict=False) for item in envlist("GORGO_TRUSTED_PROXIES", "")
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(f"GORGO_TRUSTED_PROXIES: {exc}") from None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -301,6 +315,11 @@ GORGO_HEALTH_FAILURES = envint("GORGO_HEALTH_FAILURES", 3, minimum=1)
 GORGO_HEALTH_SUCCESSES = envint("GORGO_HEALTH_SUCCESSES", 2, minimum=1)
 # Probes and scrapes make several requests a second; httpx would log each one at INFO.
 LOGGING["loggers"]["httpx"] = {"level": "WARNING"}
+# The worker logged two INFO lines per task ("received", "succeeded in"): with probes, scrapes and
+# the reconcile every few seconds, ~175 lines a minute that scrolled `make run`'s banner away.
+# Failures still log (WARNING and up); beat's one line per due task stays.
+LOGGING["loggers"]["celery.app.trace"] = {"level": "WARNING"}
+LOGGING["loggers"]["celery.worker.strategy"] = {"level": "WARNING"}
 # One OpenAPI enum for the health values used by several telemetry fields.
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "telemetry.choices.HealthChoices"
 # Fleet changes within this many seconds are republished together, as one version that lists
@@ -308,8 +327,10 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {})["HealthEnum"] = "tele
 GORGO_REPUBLISH_DELAY_S = envfloat("GORGO_REPUBLISH_DELAY_S", 2.0, minimum=0.0)
 # Bearer token Prometheus sends to the control plane's /metrics; empty: loopback clients only.
 GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
-# How often the active policy is re-checked against Redis (republished if Redis missed a change).
-GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 30.0, minimum=1.0)
+# How often what the gateways read from Redis (the policy snapshot, the client key set) is checked
+# against the database and written back when Redis lost or missed it (controlplane/reconcile.py).
+# A pass that finds everything in place reads a few rows and two keys.
+GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 5.0, minimum=1.0)
 # Online tuning (docs/routing.md): a window lasts at least GORGO_TUNER_WINDOW_S and holds at least
 # GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test.
 GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)

@@ -19,6 +19,10 @@ TTFT breakdown, per record with a first token (all in ms):
 - other: the remainder (tokenisation and detokenisation in the vLLM API server, the first decode
   step, relaying the first chunk back through the gateway).
 
+Network, queue and prefill are estimates from elsewhere; each request bounds them by what its own
+TTFT leaves after the gateway time (``_within_ttft``: its round trip, queueing and prefill all
+happened inside its TTFT), so "other" is never negative.
+
 The measured parts explain the mean TTFT of a bucket when ``|other| <= max(TOLERANCE_ABS_MS,
 TOLERANCE_REL * mean TTFT)`` (``within_tolerance``). Queue and prefill are node means, not the
 request's own values, so single requests can be off; a bucket's mean is what the tolerance is
@@ -50,6 +54,7 @@ from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bi
 from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate
+from telemetry.outcomes import client_refused, fleet_failed
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +123,13 @@ class Contribution:
 
     @property
     def failed(self) -> bool:
-        """The fleet failed the request: a 5xx, or no answer at all."""
-        return self.record.status >= 500 or self.record.error is not None
+        """The fleet failed the request (``telemetry.outcomes``)."""
+        return fleet_failed(self.record)
 
     @property
     def client_failed(self) -> bool:
-        """The client's request was refused (4xx): not the fleet's failure."""
-        return 400 <= self.record.status < 500 and self.record.error is None
+        """The client's request was refused (4xx, ``telemetry.outcomes``): not the fleet's failure."""
+        return client_refused(self.record)
 
     def add_to(self, delta: BucketDelta) -> None:
         record = self.record
@@ -194,6 +199,31 @@ class NodeStats:
         return queue_ms, prefill_ms
 
 
+def _within_ttft(
+    record: RequestRecord, network: float | None, queue: float | None, prefill: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """Bound the estimated parts by what the request's own TTFT leaves for them.
+
+    The gateway time is the request's own measurement; the network, queue and prefill parts are
+    estimates from elsewhere (a probe's RTT, the node's means over a scrape interval, which hold
+    other gateways' requests with longer prompts and cache misses). The request's own round trip,
+    queueing and prefill all happened between leaving the gateway and its first token, so none can
+    exceed ``ttft - gateway`` (and queue + prefill not what the round trip leaves): an estimate
+    above that is wrong for this request, and unbounded it stacked the bar past its TTFT ("other"
+    -10 to -65 ms). Queue and prefill are scaled together, keeping their ratio. The real reason is
+    per request, so the bound is applied per request, before any mean.
+    """
+    assert record.ttft_ms is not None
+    left_ms = max(record.ttft_ms - record.gateway_ms, 0.0)
+    if network is not None:
+        network = min(network, left_ms)
+        left_ms -= network
+    if queue is not None and prefill is not None and queue + prefill > left_ms:
+        scale = left_ms / (queue + prefill)
+        queue, prefill = queue * scale, prefill * scale
+    return network, queue, prefill
+
+
 def contributions(records: list[RequestRecord], rtt: RTTTable | None) -> list[Contribution]:
     node_ids = {r.node_id for r in records if r.node_id is not None and r.ttft_ms is not None}
     stats = (
@@ -213,6 +243,7 @@ def contributions(records: list[RequestRecord], rtt: RTTTable | None) -> list[Co
             found = stats.lookup(record.node_id, record.ts + record.total_ms / 1000.0)
             if found is not None:
                 queue, prefill = found
+            network, queue, prefill = _within_ttft(record, network, queue, prefill)
         result.append(Contribution(record=record, network_ms=network, queue_ms=queue, prefill_ms=prefill))
     return result
 
@@ -251,7 +282,16 @@ def apply_batch(entries: list[tuple[str, RequestRecord | None]], rtt: RTTTable |
             return BatchResult(added=0, duplicates=len(seen), malformed=malformed)
         now = timezone.now()
         ProcessedRequestEntry.objects.bulk_create(
-            [ProcessedRequestEntry(stream_id=stream_id, processed_at=now) for stream_id, _ in fresh]
+            [
+                ProcessedRequestEntry(
+                    stream_id=stream_id,
+                    processed_at=now,
+                    request_id=record.request_id[:128],
+                    ts=datetime.fromtimestamp(record.ts, tz=UTC),
+                    record=contract.encode(record).decode(),
+                )
+                for stream_id, record in fresh
+            ]
         )
         records = [record for _, record in fresh]
         deltas = _deltas(contributions(records, rtt), records)

@@ -18,7 +18,14 @@ from drf_spectacular.utils import extend_schema_field
 from controlplane.filters import IdFilter, NamesFilter, StrictFilterSet
 from controlplane.keys.choices import PriorityChoices
 from telemetry.choices import ResolutionChoices, ScopeChoices
-from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    ProcessedRequestEntry,
+    RequestAggregate,
+    RTTSample,
+)
 
 TIME_HELP = "ISO 8601 date-time (e.g. 2026-01-01T12:00:00Z) or unix seconds."
 
@@ -150,3 +157,11 @@ class KeyUsageFilterSet(StrictFilterSet):
         model = KeyUsageAggregate
         fields: list[str] = []
         form = TimeRangeForm
+
+
+class RequestLogFilterSet(StrictFilterSet):
+    request_id = django_filters.CharFilter(help_text="The x-request-id a gateway answered with.")
+
+    class Meta:
+        model = ProcessedRequestEntry
+        fields = ["request_id"]

@@ -19,6 +19,7 @@ from routing.contract import RequestRecord
 from telemetry.choices import RESOLUTION_SECONDS
 from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from telemetry.models import KeyUsageAggregate
+from telemetry.outcomes import client_refused, fleet_failed
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,8 @@ class KeyUsageDelta:
 
     def add(self, record: RequestRecord) -> None:
         self.count += 1
-        if record.status >= 500 or (record.status < 400 and record.error is not None):
-            self.errors_5xx += 1  # the fleet failed it (a stream that broke after its 200 too)
-        elif record.status >= 400:
-            self.errors_4xx += 1
+        self.errors_5xx += int(fleet_failed(record))  # a stream that broke after its 200 too
+        self.errors_4xx += int(client_refused(record))
         self.limited += int(record.status in LIMITED_STATUSES)
         self.refused += int(record.status in REFUSED_STATUSES)
         if record.prompt_tokens is not None:

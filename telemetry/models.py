@@ -9,6 +9,10 @@ task (raw: ``GORGO_RAW_RETENTION_H``, rollups: ``GORGO_ROLLUP_RETENTION_D``).
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+from django.conf import settings
 from django.db import models
 
 from telemetry.choices import CheckChoices, HealthChoices, ResolutionChoices, ScopeChoices
@@ -274,20 +278,46 @@ def _ratio(part: float, whole: float) -> float | None:
 
 
 class ProcessedRequestEntry(models.Model):
-    """A request-stream entry already added to the aggregates.
+    """A request-stream entry already added to the aggregates, with the request record itself.
 
     Written in the same transaction as the bucket updates, so an entry delivered twice (a worker
     died after committing but before XACK, and XAUTOCLAIM handed it to another) is counted once.
+    The record (the gateway's ``RequestRecord``, as JSON) is kept with it, so one request can be
+    found by its ``x-request-id`` for as long as the raw data is (``GORGO_RAW_RETENTION_H``).
     """
 
     stream_id = models.CharField(max_length=40, unique=True)
     processed_at = models.DateTimeField(db_index=True)
+    # The gateway's x-request-id (a client's own, up to 128 printable characters, or the gateway's).
+    request_id = models.CharField(max_length=128, blank=True, db_index=True)
+    ts = models.DateTimeField(null=True, blank=True, help_text="When the request reached the gateway.")
+    record = models.TextField(blank=True, help_text="The RequestRecord as the gateway logged it (JSON).")
 
     class Meta:
         ordering = ["-processed_at"]
 
     def __str__(self) -> str:
         return self.stream_id
+
+    @classmethod
+    def find(cls, request_id: str) -> ProcessedRequestEntry | None:
+        """The request with this x-request-id (the newest, if a client sent one id twice)."""
+        if not request_id:
+            return None
+        return cls.objects.filter(request_id=request_id).exclude(record="").order_by("-ts", "-pk").first()
+
+    @staticmethod
+    def not_found_message(request_id: str) -> str:
+        """Why a request id is not in the log: unknown, past retention, or not aggregated yet."""
+        return (
+            f"No request with x-request-id {request_id!r} in the request log. It keeps requests for "
+            f"{settings.GORGO_RAW_RETENTION_H:g} h (GORGO_RAW_RETENTION_H), and a request appears within "
+            f"an aggregation round ({settings.GORGO_AGGREGATE_INTERVAL_S:g} s) of finishing."
+        )
+
+    def decoded(self) -> dict[str, Any]:
+        """The record as the gateway logged it."""
+        return msgspec.json.decode(self.record) if self.record else {}
 
 
 class KeyUsageAggregate(models.Model):

@@ -267,6 +267,18 @@ def _close_connections_of_the_async_thread(request):
     SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=10)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_request_path_backoff():
+    """A test that made Redis fail must not leave the next one skipping Redis for seconds."""
+    yield
+    from django.conf import settings
+
+    if settings.configured:
+        from controlplane.connections import request_path_backoff
+
+        request_path_backoff.cache_clear()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -293,8 +305,29 @@ class ControlPlane:
 
 
 @pytest.fixture
+def e2e_database_url(tmp_path: Path) -> Iterator[str]:
+    """The database of a real control plane: a SQLite file, or, with ``GORGO_E2E_POSTGRES_URL``
+    (a server URL, e.g. ``postgres://postgres@127.0.0.1:5432/postgres``), a PostgreSQL database of
+    its own, named for this test and dropped afterwards (so concurrent runs never share one)."""
+    server = os.environ.get("GORGO_E2E_POSTGRES_URL", "")
+    if not server:
+        yield f"sqlite:///{tmp_path / 'controlplane.sqlite3'}"
+        return
+    import psycopg
+
+    name = f"gorgo_e2e_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 def control_plane(
-    processes: ProcessGroup, tmp_path: Path, redis_url: str, redis_keys: RedisKeys
+    processes: ProcessGroup, e2e_database_url: str, redis_url: str, redis_keys: RedisKeys
 ) -> ControlPlane:
     """Migrate a fresh database, create an operator, and serve the control plane with uvicorn.
 
@@ -302,7 +335,7 @@ def control_plane(
     """
     env = {
         "DEBUG": "true",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'controlplane.sqlite3'}",
+        "DATABASE_URL": e2e_database_url,
         "REDIS_URL": redis_url,
         "GORGO_REDIS_PREFIX": redis_keys.prefix,
     }

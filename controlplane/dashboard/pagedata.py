@@ -137,3 +137,34 @@ def node_rows() -> list[NodeRow]:
         NodeRow(node=node, health=health.get(node.pk, HealthChoices.UNKNOWN), kv_index=kv_states.get(node.pk))
         for node in Node.objects.select_related("region").order_by("region__slug", "name")
     ]
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} ms"
+
+
+def request_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
+    """One logged request (a ``RequestRecord`` as JSON) as labelled rows for the lookup panel."""
+    node_name = "—"
+    if record.get("node_id") is not None:
+        node = Node.objects.filter(pk=record["node_id"]).values_list("name", flat=True).first()
+        node_name = node or f"node {record['node_id']} (deleted)"
+    cost = record.get("cost") or {}
+    tokens = [record.get("prompt_tokens"), record.get("cached_tokens"), record.get("completion_tokens")]
+    return [
+        ("x-request-id", str(record.get("request_id", ""))),
+        ("Arrived", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.get("ts", 0)))),
+        ("Status", str(record.get("status"))),
+        ("Error", record.get("error") or "—"),
+        ("Gateway", f"{record.get('gateway_region')} · {record.get('gateway_id')}"),
+        ("Node", f"{node_name} ({record.get('node_region') or '—'})"),
+        ("Model", str(record.get("model"))),
+        ("Policy", f"{record.get('algorithm') or '—'} · version {record.get('policy_version') or '—'}"),
+        ("Client key", f"{record.get('key_id') or '—'} · {record.get('priority') or '—'}"),
+        ("TTFT", _ms(record.get("ttft_ms"))),
+        ("Total", _ms(record.get("total_ms"))),
+        ("In the gateway", _ms(record.get("gateway_ms"))),
+        ("RTT priced", _ms(cost.get("rtt_ms")) if cost else "—"),
+        ("Prompt / cached / completion tokens", " / ".join("—" if t is None else str(t) for t in tokens)),
+        ("Streamed", "yes" if record.get("stream") else "no"),
+    ]

@@ -24,6 +24,7 @@ from controlplane.dashboard.vendor import PLOTLY_VERSION
 from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.models import Node
 from controlplane.policies.models import RoutingPolicy
+from telemetry.models import ProcessedRequestEntry
 
 # The time windows the history charts offer, and the aggregate resolution each one reads.
 WINDOWS: dict[str, dict[str, Any]] = {
@@ -103,11 +104,24 @@ class OverviewPage(DashboardPage):
 
 
 class BreakdownPage(DashboardPage):
-    """Where TTFT goes, per region and per node, over a selectable window."""
+    """Where TTFT goes, per region and per node, over a selectable window; and one request's own
+    figures, found by its x-request-id (``?request_id=``)."""
 
     template_name = "dashboard/breakdown.html"
     page = "breakdown"
     uses_window = True
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        request_id = self.request.GET.get("request_id", "").strip()[:128]
+        if request_id:
+            entry = ProcessedRequestEntry.find(request_id)
+            context.update(
+                request_id=request_id,
+                found_request=pagedata.request_rows(entry.decoded()) if entry is not None else None,
+                request_missing=ProcessedRequestEntry.not_found_message(request_id) if entry is None else "",
+            )
+        return context
 
 
 class CachePage(DashboardPage):

@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import msgspec
 import redis
 from django.db import transaction
 
-from controlplane.connections import redis_client, redis_keys
+from controlplane.connections import redis_client, redis_keys, request_path_backoff
 from controlplane.keys.models import ClientKey
-from routing import writer
+from routing import contract, writer
 from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,24 @@ def build_key_set(version: int) -> ClientKeySet:
     )
 
 
+def restore_keys() -> str | None:
+    """Write the key set again when Redis lost it or holds another one (a change whose publish
+    failed while Redis was away). Registered with ``controlplane.reconcile``; None when Redis
+    already holds the database's keys. Raises ``KeyPublishError`` when Redis is unreachable."""
+    try:
+        stored = redis_client().get(redis_keys().key_set)
+    except redis.RedisError as exc:
+        raise KeyPublishError(f"Redis is unreachable ({exc})") from exc
+    if stored is not None:
+        try:
+            if contract.decode(stored, ClientKeySet).keys == build_key_set(0).keys:
+                return None
+        except (msgspec.ValidationError, msgspec.DecodeError, contract.UnknownSchemaVersion):
+            pass  # unreadable (another schema): write ours
+    key_set = publish_keys()
+    return f"wrote {len(key_set.keys)} key(s) ({'lost' if stored is None else 'out of date'} in Redis)"
+
+
 def publish_keys() -> ClientKeySet:
     """Write the current key set to Redis and announce it; raise ``KeyPublishError`` if Redis fails."""
     version = time.time_ns() // 1000  # microseconds: taken before the read, see the module docstring
@@ -76,7 +95,7 @@ class _PublishAfterCommit:
             publish_keys()
         except KeyPublishError as exc:
             log.warning(
-                "client keys (%s): %s; run `manage.py publish_keys` once Redis is back", self.reason, exc
+                "client keys (%s): %s; the reconcile writes them once Redis is back", self.reason, exc
             )
         except Exception:
             log.exception("client keys (%s) could not be published", self.reason)
@@ -97,10 +116,10 @@ def publish_keys_on_commit(reason: str) -> None:
 
 def sync_last_used() -> None:
     """Copy the gateways' last-used times (a Redis hash) into the keys; quiet when Redis is away."""
-    try:
-        seen = writer.read_last_used(redis_client(), redis_keys())
-    except redis.RedisError:
-        return
+    seen: dict[str, float] = {}
+    with request_path_backoff().attempt("keys' last-used times") as go:
+        if go:
+            seen = writer.read_last_used(redis_client(), redis_keys())
     if not seen:
         return
     for key in ClientKey.objects.filter(key_id__in=list(seen)):

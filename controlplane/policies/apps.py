@@ -12,7 +12,11 @@ class PoliciesConfig(AppConfig):
     def ready(self) -> None:
         # The republish on fleet changes, and the policies' delete rules (a region in residency
         # rules, a model in a scope): the fleet and core ask through their own registries.
+        from controlplane import reconcile
         from controlplane.policies import deletion, metrics, signals  # noqa: F401
         from controlplane.policies.checks import check_algorithm_registry
+        from controlplane.policies.tasks import restore_policy
+
+        reconcile.register("policy", restore_policy)
 
         checks.register(check_algorithm_registry)

@@ -68,6 +68,22 @@ class RoutingPolicy(Audited, models.Model):
     def __str__(self) -> str:
         return self.name
 
+    # ``is_active`` belongs to publishing alone, which sets it with one queryset update under the
+    # publish lock (``publishing._publish_once``). An edit saves every other field: saving the whole
+    # row wrote back the flag as it was when the edit was loaded, so a PATCH racing a publish left
+    # no policy active (or two, refused by ``one_active_policy`` with a 500).
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name != "is_active"
+            ]
+        super().save(*args, **kwargs)
+
+    def validate_constraints(self, exclude: Any = None) -> None:
+        # The in-memory flag may be stale (see save); the database enforces one_active_policy on
+        # the publish's own update, so an edit is never refused for a flag it does not write.
+        super().validate_constraints(exclude={*(exclude or ()), "is_active"})
+
     def clean(self) -> None:
         super().clean()
         errors: dict[str, Any] = {}

@@ -5,6 +5,11 @@ one database transaction, and the snapshot is written to Redis last inside that 
 Redis write fails the transaction rolls back, so no version exists that the gateways never saw.
 The Redis write itself is the compare-and-set of ``routing/writer.py``: a snapshot only replaces an older
 version, never a newer one, so two publishers racing cannot move the gateways backwards.
+
+Publishes are serialized in the database: on PostgreSQL by a transaction-scoped advisory lock, on
+SQLite by its one writer (``transaction_mode: IMMEDIATE`` takes the write lock at BEGIN). So the
+version number, the active flag and Redis move together, one publish at a time; a publish that
+still loses a race (a conflicting concurrent write the lock does not cover) answers 409, retry.
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ import msgspec
 import redis
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from controlplane.api import UnavailableError
+from controlplane.api import ConcurrentWriteError, UnavailableError
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
@@ -41,6 +46,8 @@ from routing.contract import (
 log = logging.getLogger(__name__)
 
 SYSTEM_AUTHOR = "system"
+# pg_advisory_xact_lock key of "a publish is running" (any fixed 64-bit number; b"gorgo-pu").
+_PUBLISH_LOCK_KEY = int.from_bytes(b"gorgo-pu", "big") >> 1
 
 
 class PublishError(UnavailableError):
@@ -57,10 +64,12 @@ class PublishError(UnavailableError):
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What a publish did: the live version, and whether it is new."""
+    """What a publish did: the live version, whether it is new, and whether an unchanged one was
+    written back to a Redis that had lost it."""
 
     version: PolicyVersion
     created: bool
+    restored: bool = False
 
 
 def compile_policy(policy: RoutingPolicy) -> PolicySnapshot:
@@ -186,8 +195,15 @@ def publish(
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
             continue
-    message = "Too many concurrent publishes; nothing was published. Try again."
-    raise PublishError(message, public_detail=message)
+    raise ConcurrentWriteError("Too many concurrent publishes; nothing was published. Try again.")
+
+
+def _lock_publishes() -> None:
+    """Wait for any other publish to commit or roll back (held until this transaction ends)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_PUBLISH_LOCK_KEY])
+    # SQLite: the IMMEDIATE transaction already holds the database's one write lock.
 
 
 def _publish_once(
@@ -200,11 +216,11 @@ def _publish_once(
     system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     with transaction.atomic():
+        _lock_publishes()
         content = compile_policy(policy) if spec is None else compile_spec(spec)
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
-            _ensure_live_in_redis(live)
-            return PublishResult(version=live, created=False)
+            return PublishResult(version=live, created=False, restored=_ensure_live_in_redis(live))
         # Above both the database's and Redis's newest: after a database restore the gateways may
         # run a higher version than any we remember, and a lower number would never go live.
         number = max(PolicyVersion.objects.aggregate(top=Max("number"))["top"] or 0, _redis_version()) + 1
@@ -224,7 +240,8 @@ def _publish_once(
             published_at=now,
         )
         RoutingPolicy.objects.filter(is_active=True).exclude(pk=policy.pk).update(is_active=False)
-        RoutingPolicy.objects.filter(pk=policy.pk).update(is_active=True)
+        if RoutingPolicy.objects.filter(pk=policy.pk).update(is_active=True) != 1:
+            raise ConcurrentWriteError(f"Policy {policy.name} was deleted meanwhile; nothing was published.")
         policy.is_active = True
         # Last: a failure here rolls the whole transaction back.
         if not write_snapshot(snapshot):
@@ -241,14 +258,16 @@ def _redis_version() -> int:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
 
 
-def _ensure_live_in_redis(live: PolicyVersion) -> None:
+def _ensure_live_in_redis(live: PolicyVersion) -> bool:
+    """Write the live version back when Redis lost it (or holds another); True when written."""
     keys = redis_keys()
     try:
         current = redis_client().get(keys.policy_current)
     except redis.RedisError as exc:
         raise PublishError(f"could not read the live snapshot from Redis: {exc}") from exc
     if current is None or msgspec.json.decode(current).get("version") != live.number:
-        write_snapshot(live.compiled())
+        return write_snapshot(live.compiled())
+    return False
 
 
 def rollback(

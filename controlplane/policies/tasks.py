@@ -16,6 +16,7 @@ from controlplane.locks import task_lock
 from controlplane.policies import tuning
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, republish_active, republish_live
+from controlplane.reconcile import restore_all
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +30,38 @@ TUNE_LIMITS_S = (30, 45)  # a window's read is bounded (tuning.MAX_WINDOW_RECORD
     time_limit=RECONCILE_LIMITS_S[1],
     ignore_result=True,
 )
-def reconcile() -> int | None:
+def reconcile() -> dict[str, str | None]:
+    """Restore in Redis everything the gateways read that Redis lost or missed
+    (``controlplane.reconcile``: the policy snapshot, the client key set).
+
+    Returns what each restorer did (empty when another pass holds the lock or Redis is away).
+    """
+    try:
+        with task_lock(redis_client(), redis_keys(), "policies-reconcile", RECONCILE_LIMITS_S[1]) as acquired:
+            return restore_all() if acquired else {}
+    except redis.RedisError as exc:
+        log.warning("reconcile: Redis unreachable, trying again next round: %s", exc)
+        return {}
+
+
+def restore_policy() -> str | None:
     """Make Redis hold the last published policy settings compiled with the current fleet.
 
     The fleet-change republish runs right after a change commits; when Redis was unreachable then
     (or lost its data since), this periodic pass publishes what the gateways are missing. It
     republishes what was last *published*, never the policy's database row: unpublished edits and
     publishes refused while Redis was down stay unpublished. Publishing is idempotent, so a pass
-    that finds nothing to do writes nothing.
-    Returns the live version number, or None when nothing was published yet or Redis is down.
+    that finds nothing to do writes nothing (but writes the live snapshot back when Redis lost it).
+    Returns what it published, or None when nothing was needed, published yet, or Redis is down.
     """
     try:
-        with task_lock(redis_client(), redis_keys(), "policies-reconcile", RECONCILE_LIMITS_S[1]) as acquired:
-            if not acquired:
-                return None
-            result = republish_live("reconcile: the fleet changed while the gateways could not be told")
-            if result is None:
-                return None
+        result = republish_live("reconcile: the fleet changed while the gateways could not be told")
     except (PublishError, redis.RedisError) as exc:
         log.warning("reconcile: Redis unreachable, trying again next round: %s", exc)
         return None
-    if result.created:
-        log.info("reconcile published version %d", result.version.number)
-    return result.version.number
+    if result is None or not (result.created or result.restored):
+        return None
+    return f"{'published' if result.created else 'wrote back'} version {result.version.number}"
 
 
 REPUBLISH_LIMITS_S = (20, 30)

@@ -28,12 +28,20 @@
       marker: { symbol: "diamond", size: 9, color: "#f0f1f2", line: { color: "#111217", width: 1 } },
       hovertemplate: `${markerName} %{y:.0f} ms · measured p50 %{customdata[1]:.0f} ms, p99 %{customdata[2]:.0f} ms · %{customdata[0]:,} requests<extra></extra>`,
     });
-    const statLabel = state.stat === "mean" ? "mean (parts add up to the mean TTFT ◆)" : `median ${bucket} bucket (its parts add up to its TTFT ◆)`;
+    // The axis title stays short (a long one was cut off at the chart's edges); the panel's hint
+    // says what the statistic is, and why it is not the requests' p50 shown on other pages.
+    const hint = document.getElementById(id).closest(".panel").querySelector(".panel-hint");
+    if (hint) {
+      hint.textContent = state.stat === "mean"
+        ? "ms, stacked · mean: the parts add up to the mean TTFT ◆"
+        : `ms, stacked · median bucket: the ${bucket} bucket whose mean TTFT is the median of buckets, ` +
+          "its parts adding up to its TTFT ◆ (not the requests' p50 shown elsewhere: that is in the hover)";
+    }
     G.plot(id, traces, G.layout({
       barmode: "relative",
       bargap: 0.35,
       xaxis: { type: "category", tickmode: "array", tickvals: x, ticktext, categoryorder: "array", categoryarray: x },
-      yaxis: G.valueAxis(`ms · ${statLabel}`),
+      yaxis: G.valueAxis(state.stat === "mean" ? "ms · mean" : "ms · median bucket"),
     }), withData.length ? null : emptyMessage);
   }
 

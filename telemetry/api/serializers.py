@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 import msgspec
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -19,6 +20,7 @@ from telemetry.models import (
     KeyUsageAggregate,
     MetricSample,
     NodeHealth,
+    ProcessedRequestEntry,
     RequestAggregate,
     RTTSample,
 )
@@ -309,3 +311,19 @@ class KeyUsageSerializer(serializers.ModelSerializer):
             "ttft_p99_ms",
         ]
         read_only_fields = fields
+
+
+class RequestLogSerializer(serializers.ModelSerializer):
+    """One finished request as its gateway logged it (``RequestRecord``), found by x-request-id."""
+
+    record = serializers.SerializerMethodField(
+        help_text="The gateway's RequestRecord: node, status, tokens, TTFT, cost terms, key id, error."
+    )
+
+    class Meta:
+        model = ProcessedRequestEntry
+        fields = ["request_id", "ts", "stream_id", "record"]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_record(self, entry: ProcessedRequestEntry) -> dict:
+        return entry.decoded()

@@ -14,6 +14,7 @@ router.register("metric-samples", views.MetricSampleViewSet, basename="telemetry
 router.register("health-events", views.HealthEventViewSet, basename="telemetry-health-event")
 router.register("request-aggregates", views.RequestAggregateViewSet, basename="telemetry-request-aggregate")
 router.register("key-usage", views.KeyUsageViewSet, basename="telemetry-key-usage")
+router.register("requests", views.RequestLogViewSet, basename="telemetry-request")
 
 urlpatterns = [
     path("rtt-matrix/", views.RTTMatrixView.as_view(), name="telemetry-rtt-matrix"),

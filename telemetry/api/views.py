@@ -6,11 +6,11 @@ import logging
 import time
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import viewsets
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
+from controlplane.api import BaseAPIView, BaseReadOnlyViewSet
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node, Region
 from telemetry.api.serializers import (
@@ -19,6 +19,7 @@ from telemetry.api.serializers import (
     LiveNodeSerializer,
     MetricSampleSerializer,
     RequestAggregateSerializer,
+    RequestLogSerializer,
     RTTFromRegionSerializer,
     RTTMatrixSerializer,
     RTTSampleSerializer,
@@ -28,15 +29,23 @@ from telemetry.filtersets import (
     KeyUsageFilterSet,
     MetricSampleFilterSet,
     RequestAggregateFilterSet,
+    RequestLogFilterSet,
     RTTSampleFilterSet,
 )
 from telemetry.live import read_live_state
-from telemetry.models import HealthEvent, KeyUsageAggregate, MetricSample, RequestAggregate, RTTSample
+from telemetry.models import (
+    HealthEvent,
+    KeyUsageAggregate,
+    MetricSample,
+    ProcessedRequestEntry,
+    RequestAggregate,
+    RTTSample,
+)
 
 log = logging.getLogger(__name__)
 
 
-class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
+class LiveNodeViewSet(BaseReadOnlyViewSet):
     """Every node with its measured health, load, KV-cache use, prefix hit rate and RTT per region."""
 
     queryset = Node.objects.select_related("region", "health").order_by("region__slug", "name")
@@ -53,7 +62,7 @@ class LiveNodeViewSet(viewsets.ReadOnlyModelViewSet):
         return {**context, "live": state.nodes, "rtt": rtt, "now": time.time()}
 
 
-class RTTMatrixView(APIView):
+class RTTMatrixView(BaseAPIView):
     """The live RTT table as a region x node matrix (what the gateways route with)."""
 
     @extend_schema(responses=RTTMatrixSerializer)
@@ -77,7 +86,7 @@ class RTTMatrixView(APIView):
         return Response(RTTMatrixSerializer(data).data)
 
 
-class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
+class RTTSampleViewSet(BaseReadOnlyViewSet):
     """Individual RTT probes, newest first."""
 
     queryset = RTTSample.objects.select_related("region", "node")
@@ -85,7 +94,7 @@ class RTTSampleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RTTSampleFilterSet
 
 
-class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
+class MetricSampleViewSet(BaseReadOnlyViewSet):
     """Scrape intervals of every node, newest first."""
 
     queryset = MetricSample.objects.select_related("node")
@@ -93,7 +102,7 @@ class MetricSampleViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = MetricSampleFilterSet
 
 
-class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
+class HealthEventViewSet(BaseReadOnlyViewSet):
     """Health transitions, newest first."""
 
     queryset = HealthEvent.objects.select_related("node")
@@ -101,7 +110,7 @@ class HealthEventViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = HealthEventFilterSet
 
 
-class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
+class RequestAggregateViewSet(BaseReadOnlyViewSet):
     """Request buckets (10s or 1m) per node or gateway region, with the TTFT breakdown."""
 
     queryset = RequestAggregate.objects.select_related("region", "node")
@@ -109,9 +118,28 @@ class RequestAggregateViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = RequestAggregateFilterSet
 
 
-class KeyUsageViewSet(viewsets.ReadOnlyModelViewSet):
+class KeyUsageViewSet(BaseReadOnlyViewSet):
     """Request buckets (10s or 1m) per client key and priority class: requests, errors, tokens, TTFT."""
 
     queryset = KeyUsageAggregate.objects.select_related("client_key")
     serializer_class = KeyUsageSerializer
     filterset_class = KeyUsageFilterSet
+
+
+class RequestLogViewSet(BaseReadOnlyViewSet):
+    """Finished requests as their gateways logged them, newest first: find one by its x-request-id
+    (``/requests/{request_id}/`` or ``?request_id=``). Kept ``GORGO_RAW_RETENTION_H`` hours."""
+
+    queryset = ProcessedRequestEntry.objects.exclude(record="").order_by("-ts", "-pk")
+    serializer_class = RequestLogSerializer
+    filterset_class = RequestLogFilterSet
+    lookup_field = "request_id"
+    lookup_value_regex = "[^/]+"
+
+    def get_object(self) -> ProcessedRequestEntry:
+        request_id = self.kwargs["request_id"]
+        entry = ProcessedRequestEntry.find(request_id)
+        if entry is None:
+            raise NotFound(ProcessedRequestEntry.not_found_message(request_id))
+        self.check_object_permissions(self.request, entry)
+        return entry

@@ -124,6 +124,23 @@ def test_it_shows_every_page_with_labelled_data(operator_session: Session, artif
     operator_session.open("/breakdown/")
     operator_session.charts_drawn("by-region", "by-node", "ttft-over-time")
     assert page.evaluate("document.getElementById('by-region').layout.yaxis.title.text").startswith("ms")
+    # The y-axis title is drawn whole beside the plot (a long one ran past the plot area, over the
+    # tick labels, and was cut at the chart's edge on narrower screens).
+    for chart in ("by-region", "by-node"):
+        fits = page.evaluate(
+            f"""() => {{
+                 const plot = document.querySelector('#{chart} .nsewdrag').getBoundingClientRect();
+                 const title = document.querySelector('#{chart} .ytitle').getBoundingClientRect();
+                 const svg = document.querySelector('#{chart} .main-svg').getBoundingClientRect();
+                 return title.height > 0 && title.top >= plot.top - 1 && title.bottom <= plot.bottom + 1
+                   && title.left >= svg.left;
+               }}"""
+        )
+        assert fits, chart
+    # The median bucket says what it is, and why it is not the p50 shown elsewhere.
+    assert (
+        "not the requests' p50" in page.locator("#by-region").locator("xpath=ancestor::section").inner_text()
+    )
     # The stacked parts add up to the marker drawn beside them (the same statistic).
     assert page.evaluate(
         """() => ['by-region', 'by-node'].every((id) => {
@@ -247,3 +264,41 @@ def test_it_says_disconnected_keeps_the_last_values_and_reconnects(
     # Backoff: 1, 2, 4 ... s (jittered); the server was gone for a few seconds at most.
     page.wait_for_function("Gorgo.socketState.state === 'live'", timeout=30_000)
     assert page.inner_text("#conn") == "live"
+
+
+@pytest.mark.parametrize("width", [1440, 1280, 1024])
+def test_revoke_rotate_and_the_state_are_reachable_on_the_keys_page(
+    operator_session: Session, width: int
+) -> None:
+    """At 1,440 px and less the 13-column table ran under the "New key" panel: Revoke could not be
+    clicked, and at 1,280 px Rotate and the State column were hidden. Now they are visible and on
+    top at each width, and a click on Revoke (at 1,280 px) revokes the key."""
+    page = operator_session.page
+    page.set_viewport_size({"width": width, "height": 900})
+    operator_session.open("/keys/")
+    name = f"leaked-{width}"
+    page.fill("#id_name", name)
+    page.fill("#id_owner", "browser test")
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#new-secret")
+    row = page.locator("#key-table tbody tr", has=page.locator(f"th:text-is('{name}')"))
+    for target in (
+        row.locator("button:text-is('Revoke')"),
+        row.locator("button:text-is('Rotate')"),
+        row.locator(".badge"),
+    ):
+        target.scroll_into_view_if_needed()
+        assert target.is_visible()
+        # What a click at the element's centre would hit is the element itself: nothing covers it.
+        assert target.evaluate(
+            """(el) => { const r = el.getBoundingClientRect();
+                         const hit = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);
+                         return hit === el || el.contains(hit); }"""
+        ), (width, target)
+    if width != 1280:
+        return
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.locator("button:text-is('Revoke')").click()
+    page.wait_for_load_state()
+    revoked = page.locator("#key-table tbody tr", has=page.locator(f"th:text-is('{name}')"))
+    assert revoked.locator(".badge").inner_text() == "revoked"

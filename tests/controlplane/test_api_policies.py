@@ -39,8 +39,9 @@ class TestPolicyAPI(CRUDTests):
         other = self.make(2)
         assert operator_client.get(self.detail(other)).json()["live_version"] is None
 
-    def test_it_ignores_is_active_in_writes(self, operator_client) -> None:
+    def test_it_refuses_is_active_in_writes(self, operator_client) -> None:
+        # Publishing is the one way to activate: a write naming is_active says so, writes nothing.
         response = operator_client.post(self.url, {**self.create_data, "is_active": True}, format="json")
-        assert response.status_code == 201
-        assert response.json()["is_active"] is False
-        assert not RoutingPolicy.objects.get(name="eu-residency").is_active
+        assert response.status_code == 400
+        assert list(response.json()) == ["is_active"]
+        assert not RoutingPolicy.objects.filter(name="eu-residency").exists()

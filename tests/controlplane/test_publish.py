@@ -197,3 +197,23 @@ def test_it_numbers_above_a_newer_snapshot_already_in_redis(
     assert response.json()["number"] == 42
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert snapshot is not None and snapshot.version == 42
+
+
+def test_an_edit_loaded_before_a_publish_never_writes_back_a_stale_active_flag(
+    operator_client, policy, cp_keys
+) -> None:
+    """PATCH loads the row, a publish of another policy commits, PATCH saves: the flag is the
+    publish's. Saving the whole row used to re-activate the edited policy (IntegrityError, 500)
+    or, editing the one being activated, leave no policy active."""
+    other = RoutingPolicy.objects.create(name="other", algorithm="least_load", params={})
+    assert publish(operator_client, policy).status_code == 201
+    stale_active = RoutingPolicy.objects.get(pk=policy.pk)
+    stale_inactive = RoutingPolicy.objects.get(pk=other.pk)
+    assert publish(operator_client, other).status_code == 201
+    stale_active.description = "edited while the other was published"
+    stale_active.full_clean()
+    stale_active.save()
+    stale_inactive.description = "edited too"
+    stale_inactive.save()
+    assert list(RoutingPolicy.objects.filter(is_active=True).values_list("pk", flat=True)) == [other.pk]
+    assert RoutingPolicy.objects.get(pk=policy.pk).description == "edited while the other was published"

@@ -9,6 +9,7 @@ from controlplane.fleet.models import Node
 from controlplane.policies import publishing
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from controlplane.policies.tasks import reconcile
+from routing import contract
 from tests.controlplane.support import live_snapshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,20 +27,27 @@ def test_it_publishes_a_fleet_change_that_redis_missed(
     node.state = "draining"
     node.save()  # the on-commit republish fails quietly; the change itself is kept
     assert PolicyVersion.objects.count() == 1
-    assert reconcile() is None  # still unreachable: nothing recorded
+    assert reconcile() == {}  # still unreachable: nothing recorded
 
     settings.REDIS_URL = redis_url
     redis_client.cache_clear()
-    assert reconcile() == 2
+    assert reconciled_version() == 2
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert snapshot is not None and snapshot.version == 2
     assert {n.name: n.state for n in snapshot.nodes}["us-east-1"] == "draining"
-    assert reconcile() == 2  # nothing changed since: no new version
+    assert reconciled_version() == 2  # nothing changed since: no new version
 
 
 def test_it_does_nothing_without_an_active_policy(fleet) -> None:
-    assert reconcile() is None
+    assert reconcile()["policy"] is None
     assert PolicyVersion.objects.count() == 0
+
+
+def reconciled_version() -> int | None:
+    """Run the reconcile; the live version number afterwards."""
+    reconcile()
+    live = publishing.live_version()
+    return live.number if live is not None else None
 
 
 def unreachable_redis(settings) -> None:
@@ -59,7 +67,7 @@ def test_it_never_publishes_an_edit_nobody_published(operator_client, fleet, red
         f"/api/v1/policies/{policy.pk}/", {"params": {"w_rtt": 1.25}}, format="json"
     )
     assert response.status_code == 200
-    assert reconcile() == 1  # nothing to do: the edit waits for a publish
+    assert reconciled_version() == 1  # nothing to do: the edit waits for a publish
     assert PolicyVersion.objects.count() == 1
     assert live_snapshot(redis_conn, cp_keys).policy.params.w_rtt == 1.0
 
@@ -80,7 +88,7 @@ def test_a_publish_refused_while_redis_was_down_never_goes_live_later(
     Node.objects.filter(name="us-east-1").update(state="draining")  # and the fleet changed meanwhile
     reachable_redis(settings, redis_url)
 
-    assert reconcile() == 2  # the fleet change goes out ...
+    assert reconciled_version() == 2  # the fleet change goes out ...
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert {n.name: n.state for n in snapshot.nodes}["us-east-1"] == "draining"
     assert snapshot.policy.params.w_rtt == 1.0  # ... with the settings last published
@@ -98,3 +106,40 @@ def test_a_fleet_change_republishes_the_published_settings_not_the_edited_row(
     assert operator_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 200
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert (snapshot.version, snapshot.policy.params.w_rtt) == (2, 1.0)
+
+
+def test_an_empty_redis_gets_the_policy_and_the_key_set_back(fleet, redis_conn, cp_keys) -> None:
+    """Redis restarted empty: one pass writes back everything the gateways read from it."""
+    from controlplane.keys.models import ClientKey
+    from routing.contract import ClientKeySet
+    from tests.conftest import delete_namespace
+
+    policy = RoutingPolicy.objects.create(name="default", algorithm="least_load")
+    publishing.publish(policy)
+    ClientKey.objects.create(key_id="k1", secret_sha256="0" * 64, owner="o", name="one")
+    assert redis_conn.exists(cp_keys.key_set, cp_keys.policy_current) == 2
+    delete_namespace(redis_conn, cp_keys.prefix)
+
+    done = reconcile()
+    assert done == {"policy": "wrote back version 1", "client keys": "wrote 1 key(s) (lost in Redis)"}
+    assert live_snapshot(redis_conn, cp_keys).version == 1
+    key_set = contract.decode(redis_conn.get(cp_keys.key_set), ClientKeySet)
+    assert [k.id for k in key_set.keys] == ["k1"]
+    assert reconcile() == {"policy": None, "client keys": None}  # all in place: nothing written
+
+
+def test_a_key_change_redis_missed_goes_out_with_the_next_pass(
+    fleet, redis_conn, cp_keys, settings, redis_url
+) -> None:
+    from controlplane.keys.models import ClientKey
+    from controlplane.keys.publishing import publish_keys
+    from routing.contract import ClientKeySet
+
+    key = ClientKey.objects.create(key_id="k1", secret_sha256="0" * 64, owner="o", name="one")
+    publish_keys()
+    unreachable_redis(settings)
+    key.revoked = True
+    key.save()  # the on-commit publish fails quietly; the database keeps the revocation
+    reachable_redis(settings, redis_url)
+    assert reconcile()["client keys"] == "wrote 1 key(s) (out of date in Redis)"
+    assert contract.decode(redis_conn.get(cp_keys.key_set), ClientKeySet).keys[0].revoked is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -114,3 +115,22 @@ def test_it_fails_clearly_when_redis_is_unreachable(settings) -> None:
         seed()
     assert Node.objects.count() == 6  # the fleet is saved; the next run publishes it
     assert not PolicyVersion.objects.exists()
+
+
+def test_it_keeps_the_api_token_in_a_private_file(redis_conn, cp_keys, tmp_path) -> None:
+    """`make run`'s banner scrolls away: the token stays in var/api-token (0600), like the password."""
+    path = tmp_path / "var" / "api-token"
+    out = StringIO()
+    call_command("seed_demo", "--token-file", str(path), stdout=out)
+    token = Token.objects.get(user__username="operator").key
+    assert path.read_text() == token + "\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert f"TOKEN=$(cat {path})" in out.getvalue()
+
+
+def test_make_run_keeps_the_token_and_the_readme_says_where_it_is() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert "seed_demo --token-file var/api-token" in (root / "Makefile").read_text()
+    assert "TOKEN=$(cat var/api-token)" in (root / "scripts" / "banner.sh").read_text()
+    readme = (root / "README.md").read_text()
+    assert readme.index("TOKEN=$(cat var/api-token)") < readme.index("$TOKEN")

@@ -6,11 +6,14 @@ writes nothing to Redis itself. The official ``openai`` SDK is the client.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import openai
 import pytest
+import redis
 
+from tests.conftest import delete_namespace, start_celery
 from tests.e2e.test_control_plane_to_gateway import register_fleet
 from tests.routing.support import MODEL
 from tests.routing.test_e2e_gateway import start_fleet, start_gateway
@@ -112,3 +115,30 @@ def test_limits_hold_across_two_gateways_and_the_sdk_sees_the_retry_headers(flee
     headers = limited.response.headers
     assert int(headers["retry-after"]) >= 1 and headers["x-ratelimit-limit-requests"] == "30"
     assert headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_an_empty_redis_gets_the_keys_and_the_policy_back_by_itself(
+    fleet_and_gateways, processes, redis_url, redis_keys
+) -> None:
+    """A failover to an empty Redis: the reconcile writes the key set (and the policy) back within
+    seconds, and a gateway started afterwards serves a valid key. Before, the policy came back but
+    the key set never did: every new gateway answered 401 until someone ran publish_keys."""
+    control_plane, _gateways = fleet_and_gateways
+    with control_plane.api() as api:
+        created = api.post("/client-keys/", json={"name": "e2e", "owner": "tests", "models": [MODEL]})
+        assert created.status_code == 201, created.text
+    secret = created.json()["secret"]
+    start_celery(processes, redis_keys.prefix, {}, concurrency=1)  # beat: the default interval
+    client = redis.Redis.from_url(redis_url)
+    assert client.exists(redis_keys.key_set, redis_keys.policy_current) == 2
+
+    delete_namespace(client, redis_keys.prefix)  # every key of ours: policy, keys, Celery's too
+    lost_at = time.monotonic()
+    while client.exists(redis_keys.key_set, redis_keys.policy_current) < 2:
+        assert time.monotonic() - lost_at < 60, processes.logs()
+        time.sleep(0.1)
+    back_s = time.monotonic() - lost_at
+    sys.stdout.write(f"keys and policy back {back_s:.1f} s after the namespace was emptied\n")
+
+    fresh = start_gateway(processes, redis_url, redis_keys, name="gateway-after", env={"GORGO_AUTH": "on"})
+    assert chat(sdk(fresh, secret)).status_code == 200

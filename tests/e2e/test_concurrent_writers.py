@@ -104,3 +104,92 @@ def test_two_writers_and_the_worker_never_get_a_500(
         time.sleep(0.3)
     assert live == expected, processes.logs()
     assert "database is locked" not in processes.logs()
+
+
+PUBLISHES = 50  # per client: bounded in count (and by DEADLINE_S in time)
+RACE_RUNS = 3
+
+
+def publisher(url: str, token: str, policy_id: int, deadline: float) -> Counter:
+    statuses: Counter = Counter()
+    with api(url, token) as client:
+        for index in range(PUBLISHES):
+            if time.monotonic() > deadline:
+                break
+            answer = client.post(f"/policies/{policy_id}/publish/", json={"note": f"race {index}"})
+            statuses[f"publish {answer.status_code}"] += 1
+            if answer.status_code == 409:
+                assert "retry" in answer.json()["detail"].lower(), answer.text
+    return statuses
+
+
+def editor(url: str, token: str, policy_id: int, deadline: float) -> Counter:
+    statuses: Counter = Counter()
+    with api(url, token) as client:
+        for index in range(PUBLISHES):
+            if time.monotonic() > deadline:
+                break
+            answer = client.patch(f"/policies/{policy_id}/", json={"description": f"edit {index}"})
+            statuses[f"patch {answer.status_code}"] += 1
+    return statuses
+
+
+def active_policies(url: str, token: str) -> list[int]:
+    with api(url, token) as client:
+        return [
+            p["id"]
+            for p in client.get("/policies/", params={"limit": 1000}).json()["results"]
+            if p["is_active"]
+        ]
+
+
+def live_policy_id(redis_url: str, prefix: str) -> int:
+    raw = redis.Redis.from_url(redis_url).get(RedisKeys(prefix=prefix).policy_current)
+    return contract.decode(raw, PolicySnapshot).policy.id
+
+
+def test_racing_publishes_and_edits_leave_exactly_the_live_policy_active(
+    control_plane: ControlPlane, processes: ProcessGroup, redis_url: str
+) -> None:
+    """Two clients publishing two policies 50 times each, then PATCH-vs-publish 3 times: never a
+    500, a lost race is a 409 that says to retry, and the database ends with exactly one active
+    policy, the one the gateways run. Before: 18 x 500 (one_active_policy), 15 x 400 naming the
+    constraint, and PATCH-vs-publish ended with no policy active."""
+    control_plane.manage("seed_demo")
+    port = free_port()
+    second = f"http://127.0.0.1:{port}"
+    processes.start(
+        "web-2",
+        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)],
+        ready_url=f"{second}/login/",
+    )
+    url, token, prefix = control_plane.url, control_plane.token, control_plane.env["GORGO_REDIS_PREFIX"]
+    with api(url, token) as client:
+        first = client.get("/policies/", params={"name": "default"}).json()["results"][0]
+        other = client.post(
+            "/policies/", json={"name": "race-b", "algorithm": "least_load", "params": {}}
+        ).json()
+    a, b = first["id"], other["id"]
+
+    deadline = time.monotonic() + DEADLINE_S
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        one = pool.submit(publisher, url, token, a, deadline)
+        two = pool.submit(publisher, second, token, b, deadline)
+        statuses = one.result() + two.result()
+    finals = [(active_policies(url, token), live_policy_id(redis_url, prefix))]
+
+    for _run in range(RACE_RUNS):
+        # The editor edits the policy that is active now while the other one is published.
+        active = finals[-1][0][0]
+        other_id = b if active == a else a
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            edits = pool.submit(editor, url, token, active, deadline)
+            publishes = pool.submit(publisher, second, token, other_id, deadline)
+            statuses += edits.result() + publishes.result()
+        finals.append((active_policies(url, token), live_policy_id(redis_url, prefix)))
+
+    sys.stdout.write(f"racing writers: {dict(sorted(statuses.items()))}; active vs live: {finals}\n")
+    assert not [s for s in statuses if s.endswith(("400", "500", "502", "503"))], statuses
+    for active, live in finals:
+        assert active == [live], finals
+    assert statuses["publish 201"] + statuses["publish 200"] >= PUBLISHES

@@ -102,3 +102,26 @@ def test_the_gateway_masks_redis_credentials_in_its_log(processes: ProcessGroup,
     log = process.log()
     assert "hunter2" not in log
     assert "redis://gorgo:***@127.0.0.1:6379/0?password=***" in log
+
+
+def test_the_web_command_never_believes_x_forwarded_for_from_loopback(
+    control_plane: ControlPlane, processes: ProcessGroup
+) -> None:
+    """The Procfile's web command (what `make run` starts): uvicorn by default takes the client
+    address from X-Forwarded-For when the peer is 127.0.0.1, so a guesser on the machine (or behind
+    a local proxy that passes the header on) named a new address per request and was never
+    throttled. The control plane decides whom to believe (GORGO_TRUSTED_PROXIES, default none)."""
+    web = next(line for line in (ROOT / "Procfile").read_text().splitlines() if line.startswith("web:"))
+    argv = web.removeprefix("web:").split()
+    assert argv[0].endswith("uvicorn")
+    port = free_port()
+    argv = [sys.executable, "-m", "uvicorn", *argv[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    url = f"http://127.0.0.1:{port}"
+    processes.start("web-procfile", argv, env={"GORGO_AUTH_FAILURES": "3"}, ready_url=f"{url}/login/")
+    statuses = []
+    with httpx.Client(base_url=url, headers={"Authorization": "Token " + "0" * 40}, timeout=10) as guesser:
+        for index in range(5):
+            answer = guesser.get("/api/v1/regions/", headers={"X-Forwarded-For": f"203.0.113.{index}"})
+            statuses.append(answer.status_code)
+    assert statuses == [401, 401, 401, 429, 429], statuses

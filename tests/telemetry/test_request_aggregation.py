@@ -137,6 +137,25 @@ def test_a_breakdown_that_leaves_too_much_unexplained_is_flagged(tel, fleet):
     assert parts.within_tolerance is False
 
 
+def test_the_parts_never_overshoot_the_ttft_they_explain(tel, fleet):
+    """Node means over a scrape interval (20 + 50 ms) and the RTT (88 ms) exceed what a fast
+    request's TTFT (100 ms, 2 at the gateway) leaves: its own parts happened inside its TTFT, so
+    they are bounded by it; "other" was -60 ms and the bar stacked past its TTFT marker."""
+    _regions, node = fleet
+    append(tel, *(record(node, ts=T0 + 1 + i * 0.5, ttft_ms=100.0) for i in range(4)))
+    append(tel, record(node, ts=T0 + 3, ttft_ms=60.0))  # even the RTT is more than it leaves
+
+    run_round(tel.client, tel.keys)
+
+    parts = breakdown_of(bucket("10s", node=node))
+    assert parts.other_ms >= 0.0
+    assert (
+        parts.gateway_ms + parts.network_ms + parts.queue_ms + parts.prefill_ms <= parts.ttft_mean_ms + 1e-6
+    )
+    assert parts.queue_ms / parts.prefill_ms == pytest.approx(20.0 / 50.0, rel=1e-3)  # scaled together
+    assert parts.network_ms == pytest.approx((4 * 88.0 + 58.0) / 5)
+
+
 def test_it_counts_requests_errors_tokens_and_ttft_quantiles_in_both_resolutions(tel, fleet):
     _regions, node = fleet
     good = [record(node, ts=T0 + 1 + i * 0.05, ttft_ms=float(i)) for i in range(1, 101)]
@@ -153,6 +172,33 @@ def test_it_counts_requests_errors_tokens_and_ttft_quantiles_in_both_resolutions
         assert row.cached_tokens == 4800 and row.usage_count == 100
         assert row.prompt_tokens == 100 * 100 + failed.prompt_tokens_est
         assert row.predicted_cached_tokens == 101 * 64
+
+
+def test_every_4xx_is_the_clients_mistake_not_a_fleet_failure(tel, fleet):
+    """The gateway records an error text with the answers it gives itself (a 401 for a typo'd
+    key): those counted as fleet failures (Overview "Error rate 13.89 %", "4xx 0.00 %")."""
+    _regions, node = fleet
+    refused = [
+        record(node, ts=T0 + 1, ttft_ms=None, status=status, error=text, node_id=None, cost=None)
+        for status, text in (
+            (401, "Invalid API key."),
+            (403, "The key may not use this model."),
+            (404, "No route for /v1/nope."),
+            (429, "Rate limit reached."),
+            (400, "messages must be a list."),
+            (499, "client disconnected"),
+        )
+    ]
+    from_node = record(node, ts=T0 + 2, ttft_ms=30.0, status=400, error="node: context too long")
+    broke = record(node, ts=T0 + 3, ttft_ms=40.0, status=200, error="node euc-1 stream broke (reset)")
+    unavailable = record(node, ts=T0 + 4, ttft_ms=None, status=503, error="No node available.")
+    append(tel, *refused, from_node, broke, unavailable, record(node, ts=T0 + 5, ttft_ms=150.0))
+
+    run_round(tel.client, tel.keys)
+
+    row = bucket("1m", region=fleet[0]["us-east"])
+    assert (row.count, row.errors, row.client_errors) == (10, 2, 7)
+    assert row.error_rate == pytest.approx(0.2) and row.client_error_rate == pytest.approx(0.7)
 
 
 def test_replaying_the_same_entries_does_not_count_them_twice(tel, fleet):
@@ -263,3 +309,25 @@ def test_it_splits_a_gateway_regions_requests_into_local_and_cross_region(tel, f
     local = RequestAggregate.objects.get(resolution="10s", scope="local", region=us_east)
     cross = RequestAggregate.objects.get(resolution="10s", scope="cross", region=us_east)
     assert (local.count, local.ttft_sum_ms, cross.count, cross.ttft_sum_ms) == (3, 60.0, 2, 400.0)
+
+
+def test_twenty_typod_keys_leave_the_overview_error_rate_at_zero(tel, fleet):
+    """The repro of issue 22: 20 requests with a mistyped key (the gateway's own 401s) beside a
+    few served ones; the Overview's headline (the page's data) shows 0 % errors and the 4xx apart."""
+    from controlplane.dashboard import series
+
+    _regions, node = fleet
+    now_s = math.floor(time.time() / 10) * 10
+    start = now_s - 30.0  # inside the headline's last complete minute
+    typos = [
+        record(node, ts=start + i * 0.1, ttft_ms=None, status=401, error="Invalid API key.", node_id=None)
+        for i in range(20)
+    ]
+    served = [record(node, ts=start + 3 + i * 0.1, ttft_ms=150.0) for i in range(5)]
+    append(tel, *typos, *served)
+
+    run_round(tel.client, tel.keys)
+
+    headline = series.overview(now_s=now_s + 5)["headline"]
+    assert headline["error_rate"] == 0.0
+    assert headline["client_error_rate"] == pytest.approx(20 / 25)

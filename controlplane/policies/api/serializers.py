@@ -9,6 +9,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import NotFound
 
 from controlplane.api import (
+    ExactSerializer,
     StrictCharField,
     StrictIntegerField,
     StrictSlugRelatedField,
@@ -18,7 +19,7 @@ from controlplane.fleet.models import LLMModel
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 
 
-class ResidencyRuleSerializer(serializers.Serializer):
+class ResidencyRuleSerializer(ExactSerializer):
     """Clients in ``client_region`` may only be served by nodes in ``node_regions``."""
 
     client_region = StrictCharField(max_length=64)
@@ -112,7 +113,7 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
         return msgspec.json.decode(version.snapshot)
 
 
-class PublishRequestSerializer(serializers.Serializer):
+class PublishRequestSerializer(ExactSerializer):
     note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
     checksum = StrictCharField(
         max_length=64,
@@ -122,7 +123,7 @@ class PublishRequestSerializer(serializers.Serializer):
     )
 
 
-class RollbackRequestSerializer(serializers.Serializer):
+class RollbackRequestSerializer(ExactSerializer):
     version = StrictIntegerField(
         min_value=1, max_value=2**31 - 1, help_text="Number of an earlier version of this policy."
     )

@@ -5,12 +5,12 @@ from __future__ import annotations
 from django.db.models import Max
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import status, viewsets
+from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.api import BaseModelViewSet, ConflictError
+from controlplane.api import BaseModelViewSet, BaseReadOnlyViewSet, ConflictError
 from controlplane.permissions import required_perms
 from controlplane.policies import publishing, review
 from controlplane.policies.api.serializers import (
@@ -121,7 +121,7 @@ class RoutingPolicyViewSet(BaseModelViewSet):
         return Response(data, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
 
 
-class PolicyVersionViewSet(viewsets.ReadOnlyModelViewSet):
+class PolicyVersionViewSet(BaseReadOnlyViewSet):
     queryset = PolicyVersion.objects.select_related("policy", "rolled_back_from")
     serializer_class = PolicyVersionSerializer
     filterset_class = PolicyVersionFilterSet

@@ -21,6 +21,7 @@ from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, publish
+from controlplane.private_files import write_private_file
 from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, NodeSpec, Topology, TopologyError, load_topology
 
@@ -34,8 +35,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         parser.add_argument("--topology", default=str(DEFAULT_TOPOLOGY_PATH), help="topology TOML file")
         parser.add_argument("--username", default="operator", help="operator account (default: operator)")
+        parser.add_argument(
+            "--token-file",
+            default="",
+            help="keep the operator's API token in this file (mode 0600); `make run` uses var/api-token",
+        )
 
-    def handle(self, *args, topology: str, username: str, **options) -> None:
+    def handle(self, *args, topology: str, username: str, token_file: str, **options) -> None:
         try:
             fleet = load_topology(Path(topology))
         except TopologyError as exc:
@@ -68,6 +74,10 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError(f"GORGO_OPERATOR_PASSWORD rejected: {' '.join(exc.messages)}") from None
         write_account(self, account, group=OPERATORS)
+        if token_file:
+            # Kept like the password (var/operator-password): the banner scrolls away within seconds.
+            write_private_file(Path(token_file), account.token)
+            self.stdout.write(f"API token kept in {token_file}:  TOKEN=$(cat {token_file})")
 
 
 def sync_fleet(fleet: Topology) -> int:

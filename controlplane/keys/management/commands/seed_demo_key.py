@@ -7,7 +7,6 @@ key set is published to Redis.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from django.conf import settings
@@ -16,6 +15,7 @@ from django.db import transaction
 
 from controlplane.keys.models import ClientKey, hash_secret
 from controlplane.keys.publishing import KeyPublishError, publish_keys
+from controlplane.private_files import write_private_file
 
 DEMO_KEY_NAME = "demo"
 
@@ -42,11 +42,7 @@ class Command(BaseCommand):
                 key.tokens_per_min = 5_000_000
                 secret = key.set_new_secret()
                 key.save()
-            secret_path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(descriptor, "w") as handle:
-                handle.write(secret + "\n")
-            os.chmod(secret_path, 0o600)
+            write_private_file(secret_path, secret)
             self.stdout.write(f"Created demo client key {key.key_id}; its secret is in {secret_path}.")
         else:
             self.stdout.write(f"Demo client key {key.key_id} is in place ({secret_path}).")
