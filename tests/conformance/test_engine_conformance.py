@@ -16,13 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from telemetry.vllm_metrics import parse_metrics
 from tests.conformance.conftest import Pair
 from tests.conformance.kv_wire import END_SEQ, Subscriber, decode_payload, replay
-
-try:  # another change may rename the parser's module; use whichever this tree has
-    from telemetry.vllm_metrics import parse_metrics
-except ImportError:  # pragma: no cover - depends on the merge order
-    from telemetry.metrics import parse_metrics
 
 BOS = 128000
 
