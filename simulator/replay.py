@@ -40,7 +40,14 @@ from dataclasses import dataclass
 
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import RoutingRequest, RoutingView
-from routing.contract import SCHEMA_VERSION, NodeLiveState, NodeSpec, PolicySnapshot
+from routing.contract import (
+    SCHEMA_VERSION,
+    NodeLiveState,
+    NodeSpec,
+    PolicySnapshot,
+    RequestRecord,
+    RTTTable,
+)
 from routing.eligibility import eligible_nodes
 from routing.inflight import InFlight, Lease
 from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
@@ -402,14 +409,15 @@ def replay(
     rtt_ms: Mapping[tuple[str, int], float],
     requests: Sequence[ReplayRequest],
     *,
-    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+    scrape_interval_s: float | None = DEFAULT_SCRAPE_INTERVAL_S,
     wall_budget_s: float = DEFAULT_WALL_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ReplayOutcome:
     """Route ``requests`` (sorted by arrival) with ``snapshot``'s policy on its emulated fleet.
 
     ``rtt_ms``: (gateway region, node id) -> round trip; a missing pair costs the policy's
-    ``default_rtt_ms`` if it has one, else 100 ms. Raises ``ReplayTooSlow`` past ``wall_budget_s``.
+    ``default_rtt_ms`` if it has one, else 100 ms. ``scrape_interval_s`` None: no live state (a
+    fleet without telemetry workers). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
     """
     loop = VirtualClockLoop()
     try:
@@ -428,7 +436,7 @@ class _Replay:
         snapshot: PolicySnapshot,
         rtt_ms: Mapping[tuple[str, int], float],
         requests: Sequence[ReplayRequest],
-        scrape_interval_s: float,
+        scrape_interval_s: float | None,
         wall_budget_s: float,
         clock: Callable[[], float],
     ) -> None:
@@ -477,21 +485,23 @@ class _Replay:
             assert engine._task is not None
             engine._task.add_done_callback(self._engine_stopped)
             self.engines[node.id] = engine
-        self._scrape()
+        if self.scrape_interval_s is not None:
+            self._scrape()
         self.done = loop.create_future()
         self.pending = len(self.requests)
         for position, request in enumerate(self.requests):
             loop.call_at(request.arrival_s, self._arrive, position)
         last_arrival_s = max((r.arrival_s for r in self.requests), default=0.0)
         loop.call_at(last_arrival_s + DRAIN_S, self._give_up)
-        scraper = loop.create_task(self._scrape_every())
+        scraper = loop.create_task(self._scrape_every()) if self.scrape_interval_s is not None else None
         watchdog = loop.create_task(self._watch_wall(started))
         if not self.requests:
             self.done.set_result(None)
         try:
             await self.done
         finally:
-            scraper.cancel()
+            if scraper is not None:
+                scraper.cancel()
             watchdog.cancel()
             for engine in self.engines.values():
                 await engine.stop()
@@ -663,6 +673,7 @@ class _Replay:
         }
 
     async def _scrape_every(self) -> None:
+        assert self.scrape_interval_s is not None
         while True:
             await asyncio.sleep(self.scrape_interval_s)
             self._scrape()
@@ -677,6 +688,41 @@ class _Replay:
                         ReplayTooSlow(f"the replay took more than {self.wall_budget_s:g} s of wall time")
                     )
                 return
+
+
+def replayable(record: RequestRecord) -> bool:
+    """Requests that reached routing: not the client's own mistakes (4xx), not unrouted errors."""
+    if 400 <= record.status < 500:
+        return False
+    return record.node_id is not None and (record.prompt_tokens or record.prompt_tokens_est) > 0
+
+
+def to_replay_requests(records: Sequence[RequestRecord]) -> list[ReplayRequest]:
+    """Replay inputs from request-log records (arrival order; times from the first arrival)."""
+    chosen = sorted((r for r in records if replayable(r)), key=lambda r: r.ts)
+    if not chosen:
+        return []
+    start = chosen[0].ts
+    return [
+        ReplayRequest(
+            arrival_s=r.ts - start,
+            gateway_region=r.gateway_region,
+            model=r.model,
+            prompt_tokens=r.prompt_tokens or r.prompt_tokens_est,
+            completion_tokens=max(1, r.completion_tokens or 1),
+            prefix_hashes=r.prefix_hashes,
+            prompt_chars=r.prompt_chars,
+            gateway_ms=r.gateway_ms,
+        )
+        for r in chosen
+    ]
+
+
+def rtt_pairs(table: RTTTable | None) -> dict[tuple[str, int], float]:
+    """(region, node id) -> measured RTT (ms) from telemetry's table."""
+    if table is None:
+        return {}
+    return {(entry.region, entry.node_id): entry.rtt_ms for entry in table.entries}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

@@ -34,7 +34,15 @@ from controlplane.connections import redis_client, redis_keys
 from controlplane.policies import publishing
 from controlplane.policies.models import RoutingPolicy
 from routing.contract import REQUEST_STREAM_FIELD, PolicySnapshot, RequestRecord, RTTTable, decode
-from simulator.replay import ReplayOutcome, ReplayRequest, percentile, replay
+from simulator.replay import (
+    ReplayOutcome,
+    ReplayRequest,
+    percentile,
+    replay,
+    replayable,
+    rtt_pairs,
+    to_replay_requests,
+)
 
 MIN_MINUTES = 1
 MAX_MINUTES = 60
@@ -140,41 +148,6 @@ def read_records(
             break
     records.reverse()
     return records, truncated
-
-
-def replayable(record: RequestRecord) -> bool:
-    """Requests that reached routing: not the client's own mistakes (4xx), not unrouted errors."""
-    if 400 <= record.status < 500:
-        return False
-    return record.node_id is not None and (record.prompt_tokens or record.prompt_tokens_est) > 0
-
-
-def to_replay_requests(records: Sequence[RequestRecord]) -> list[ReplayRequest]:
-    """Replay inputs from records (arrival order; times relative to the first arrival)."""
-    chosen = sorted((r for r in records if replayable(r)), key=lambda r: r.ts)
-    if not chosen:
-        return []
-    start = chosen[0].ts
-    return [
-        ReplayRequest(
-            arrival_s=r.ts - start,
-            gateway_region=r.gateway_region,
-            model=r.model,
-            prompt_tokens=r.prompt_tokens or r.prompt_tokens_est,
-            completion_tokens=max(1, r.completion_tokens or 1),
-            prefix_hashes=r.prefix_hashes,
-            prompt_chars=r.prompt_chars,
-            gateway_ms=r.gateway_ms,
-        )
-        for r in chosen
-    ]
-
-
-def rtt_pairs(table: RTTTable | None) -> dict[tuple[str, int], float]:
-    """(region, node id) -> measured RTT (ms) from telemetry's table."""
-    if table is None:
-        return {}
-    return {(entry.region, entry.node_id): entry.rtt_ms for entry in table.entries}
 
 
 def read_rtt_table(client: redis.Redis) -> RTTTable | None:

@@ -189,15 +189,69 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     return {"aggregates": len(aggregates), "samples": len(samples), "rtt": len(entries)}
 
 
+def log_requests(count: int, minutes: int = 5, now_s: float | None = None) -> int:
+    """Append ``count`` request records over the last ``minutes`` to the request log, as gateways do
+    (what the what-if replays): mostly local nodes, regional system prompts as prefix hashes."""
+    from controlplane.connections import redis_client, redis_keys
+    from controlplane.fleet.models import Node
+    from routing import contract
+    from routing.contract import CostTerms, RequestRecord
+
+    rng = random.Random(11)
+    now_s = time.time() if now_s is None else now_s
+    nodes = list(Node.objects.select_related("region").order_by("pk"))
+    regions = sorted({n.region.slug for n in nodes})
+    client, key = redis_client(), redis_keys().request_stream
+    start_s = now_s - minutes * 60
+    for index in range(count):
+        region = regions[index % len(regions)]
+        local = [n for n in nodes if n.region.slug == region]
+        node = rng.choice(local if rng.random() < 0.9 else nodes)
+        at_s = start_s + (now_s - start_s) * index / count
+        prompt = rng.randint(1500, 6000)
+        system = [hash((region, rng.randrange(3), chunk)) & (2**63 - 1) for chunk in range(20)]
+        own = [rng.getrandbits(63) for _ in range(prompt // 64 - 20)]
+        network = rtt_ms(region, node.region.slug)
+        ttft = network + rng.uniform(20.0, 120.0)
+        record = RequestRecord(
+            schema_version=contract.SCHEMA_VERSION,
+            request_id=f"demo-{index}",
+            ts=at_s,
+            gateway_region=region,
+            gateway_id=f"demo-{region}",
+            model=node.served_models.first().name,
+            status=200,
+            stream=True,
+            node_id=node.pk,
+            node_region=node.region.slug,
+            algorithm="gorgo",
+            prompt_chars=prompt * 4,
+            prompt_tokens_est=prompt,
+            prompt_tokens=prompt,
+            completion_tokens=rng.randint(32, 128),
+            gateway_ms=0.4,
+            ttft_ms=ttft,
+            cost=CostTerms(node.pk, total_ms=ttft * rng.uniform(0.8, 1.1), rtt_ms=network),
+            prefix_hashes=tuple(system + own),
+        )
+        client.xadd(
+            key, {contract.REQUEST_STREAM_FIELD: contract.encode(record)}, id=f"{int(at_s * 1000)}-{index}"
+        )
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=0, help="also log this many request records")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
     django.setup()
     print(seed(args.minutes))
+    if args.requests:
+        print({"requests": log_requests(args.requests)})
 
 
 if __name__ == "__main__":
