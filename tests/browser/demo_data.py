@@ -50,6 +50,7 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     from routing.contract import NodeLiveState, RTTEntry, RTTTable
     from telemetry.aggregation import histogram_quantile_ms, ttft_bin
     from telemetry.choices import HealthChoices
+    from telemetry.histogram import error_bin
     from telemetry.models import MetricSample, NodeHealth, RequestAggregate
 
     rng = random.Random(7)
@@ -80,6 +81,20 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
         for row in rows:
             histogram[str(ttft_bin(row.ttft_ms))] = histogram.get(str(ttft_bin(row.ttft_ms)), 0) + 1
         sums = [sum(row.parts_ms[i] for row in rows) for i in range(4)]
+        # What the router predicted: the network and gateway right, queue and prefill roughly.
+        prediction_errors = [
+            row.ttft_ms
+            - (
+                row.parts_ms[0]
+                + row.parts_ms[1]
+                + row.parts_ms[2] * rng.uniform(0.5, 1.2)
+                + row.parts_ms[3] * rng.uniform(0.8, 1.1)
+            )
+            for row in rows
+        ]
+        error_histogram: dict[str, int] = {}
+        for error in prediction_errors:
+            error_histogram[error_bin(error)] = error_histogram.get(error_bin(error), 0) + 1
         errors = sum(1 for _ in rows if rng.random() < 0.01)
         aggregates.append(
             RequestAggregate(
@@ -103,6 +118,10 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
                 prompt_tokens=sum(row.tokens[0] for row in rows),
                 predicted_cached_tokens=sum(row.tokens[1] for row in rows),
                 cached_tokens=sum(row.tokens[2] for row in rows),
+                prediction_count=len(rows),
+                prediction_error_sum_ms=sum(prediction_errors),
+                prediction_abs_error_sum_ms=sum(abs(e) for e in prediction_errors),
+                prediction_error_histogram=error_histogram,
                 **target,
             )
         )
