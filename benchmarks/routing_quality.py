@@ -272,8 +272,13 @@ def start_fleet(workdir: Path, topology_path: Path) -> FleetProc:
 
 
 def start_gateways(
-    workdir: Path, regions: list[str], redis_url: str, prefix: str
+    workdir: Path,
+    regions: list[str],
+    redis_url: str,
+    prefix: str,
+    command: tuple[str, ...] = ("-m", "routing"),
 ) -> tuple[list[Proc], dict[str, str]]:
+    """One gateway per region (``command``: the Python arguments that run one)."""
     procs: list[Proc] = []
     for region in regions:
         env = {
@@ -285,7 +290,7 @@ def start_gateways(
             "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
             "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
         }
-        procs.append(spawn(f"gateway-{region}", [sys.executable, "-m", "routing"], workdir, env))
+        procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
     urls: dict[str, str] = {}
     pattern = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
     for region, proc in zip(regions, procs, strict=True):

@@ -497,6 +497,11 @@ class CostTerms(msgspec.Struct, frozen=True):
     displacement_ms: float = 0.0
 
 
+# A 128k-character prompt is 512 chunks (~10 KB of JSON in its record); longer prompts keep their
+# first 512, which still name the shared prefixes (system prompts, conversation heads).
+PREFIX_HASHES_MAX = 512
+
+
 class RequestRecord(msgspec.Struct, frozen=True):
     """One finished request, as the gateway saw it. Appended to ``request_stream``."""
 
@@ -532,6 +537,11 @@ class RequestRecord(msgspec.Struct, frozen=True):
     predicted_cached_tokens: int | None = None
     key_id: str | None = None  # the client key's public id (never its secret)
     priority: str | None = None  # the key's priority class
+    # The prompt's chained prefix-chunk hashes (routing.prefix_index.chunk_hashes: xxh3-64 of each
+    # 256-byte chunk seeded with the previous hash), at most PREFIX_HASHES_MAX, first chunk first.
+    # Never the text: a hash names a whole prefix, so the what-if replay (simulator/replay.py) can
+    # tell which requests shared a cached prefix without ever seeing a prompt. Empty: not recorded.
+    prefix_hashes: tuple[int, ...] = ()
 
 
 class GatewayLoad(msgspec.Struct, frozen=True):

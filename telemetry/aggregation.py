@@ -23,6 +23,11 @@ Network, queue and prefill are estimates from elsewhere; each request bounds the
 TTFT leaves after the gateway time (``_within_ttft``: its round trip, queueing and prefill all
 happened inside its TTFT), so "other" is never negative.
 
+Prediction quality, per record whose algorithm priced the chosen node: error = measured TTFT -
+``predicted_ttft_ms(record)`` (gateway time + the cost terms rtt + queue + prefill), summed (bias),
+summed as |error|, and counted in a signed log-bucketed histogram (``telemetry.histogram``), so a
+window's median |error| and error quantiles come from merged buckets.
+
 The measured parts explain the mean TTFT of a bucket when ``|other| <= max(TOLERANCE_ABS_MS,
 TOLERANCE_REL * mean TTFT)`` (``within_tolerance``). Queue and prefill are node means, not the
 request's own values, so single requests can be off; a bucket's mean is what the tolerance is
@@ -50,7 +55,14 @@ from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
 from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
 from telemetry.groups import Breakdown
-from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
+from telemetry.histogram import (
+    abs_error_histogram,
+    add_to_histogram,
+    error_bin,
+    histogram_quantile_ms,
+    signed_quantile_ms,
+    ttft_bin,
+)
 from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate
@@ -85,6 +97,48 @@ def breakdown_of(row: RequestAggregate) -> Breakdown | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PredictionQuality:
+    """How far the cost model's predicted TTFT was from the measured one (error = measured - predicted)."""
+
+    count: int
+    bias_ms: float  # mean error: > 0, the model predicts too little
+    mean_abs_error_ms: float
+    median_abs_error_ms: float | None
+    p90_abs_error_ms: float | None
+    error_p10_ms: float | None
+    error_p50_ms: float | None
+    error_p90_ms: float | None
+
+
+def prediction_quality(
+    count: float, error_sum_ms: float, abs_error_sum_ms: float, histogram: dict[str, int]
+) -> PredictionQuality | None:
+    """A bucket's (or merged buckets') prediction quality; None without a prediction."""
+    if not count:
+        return None
+    absolute = abs_error_histogram(histogram)
+    return PredictionQuality(
+        count=int(count),
+        bias_ms=round(error_sum_ms / count, 3),
+        mean_abs_error_ms=round(abs_error_sum_ms / count, 3),
+        median_abs_error_ms=histogram_quantile_ms(absolute, 0.5),
+        p90_abs_error_ms=histogram_quantile_ms(absolute, 0.9),
+        error_p10_ms=signed_quantile_ms(histogram, 0.1),
+        error_p50_ms=signed_quantile_ms(histogram, 0.5),
+        error_p90_ms=signed_quantile_ms(histogram, 0.9),
+    )
+
+
+def prediction_quality_of(row: RequestAggregate) -> PredictionQuality | None:
+    return prediction_quality(
+        row.prediction_count,
+        row.prediction_error_sum_ms,
+        row.prediction_abs_error_sum_ms,
+        row.prediction_error_histogram or {},
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-record contributions
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +164,10 @@ class BucketDelta:
     cached_tokens: int = 0
     predicted_cached_tokens: int = 0
     usage_count: int = 0
+    prediction_count: int = 0
+    prediction_error_sum_ms: float = 0.0
+    prediction_abs_error_sum_ms: float = 0.0
+    prediction_error_histogram: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +209,14 @@ class Contribution:
         index = str(ttft_bin(record.ttft_ms))
         delta.ttft_histogram[index] = delta.ttft_histogram.get(index, 0) + 1
         delta.gateway_sum_ms += record.gateway_ms
+        predicted = predicted_ttft_ms(record)
+        if predicted is not None:
+            error = record.ttft_ms - predicted
+            delta.prediction_count += 1
+            delta.prediction_error_sum_ms += error
+            delta.prediction_abs_error_sum_ms += abs(error)
+            key = error_bin(error)
+            delta.prediction_error_histogram[key] = delta.prediction_error_histogram.get(key, 0) + 1
         if self.network_ms is not None:
             delta.network_sum_ms += self.network_ms
             delta.network_count += 1
@@ -158,6 +224,23 @@ class Contribution:
             delta.queue_sum_ms += self.queue_ms
             delta.prefill_sum_ms += self.prefill_ms
             delta.node_stats_count += 1
+
+
+def predicted_ttft_ms(record: RequestRecord) -> float | None:
+    """The TTFT the router's cost model predicted for the node it chose, or None.
+
+    Its cost terms as estimates, before the policy's weights (a weight steers the choice; it does
+    not change how long the request will take): round trip + queue + prefill, plus the gateway
+    time the record measured (the model leaves it out: it is the same for every node). None when
+    the algorithm priced nothing (round robin, least load...) or priced another node.
+    """
+    cost = record.cost
+    if cost is None or cost.node_id != record.node_id:
+        return None
+    modelled = cost.rtt_ms + cost.queue_ms + cost.prefill_ms
+    if modelled <= 0:
+        return None
+    return record.gateway_ms + modelled
 
 
 class NodeStats:
@@ -347,6 +430,9 @@ SUMMED_FIELDS = (
     "cached_tokens",
     "predicted_cached_tokens",
     "usage_count",
+    "prediction_count",
+    "prediction_error_sum_ms",
+    "prediction_abs_error_sum_ms",
 )
 
 
@@ -359,6 +445,10 @@ def _apply_delta(key: BucketKey, delta: BucketDelta) -> RequestAggregate:
         setattr(row, name, getattr(row, name) + getattr(delta, name))
     histogram = add_to_histogram(dict(row.ttft_histogram or {}), delta.ttft_histogram)
     row.ttft_histogram = histogram
+    if delta.prediction_error_histogram:
+        row.prediction_error_histogram = add_to_histogram(
+            dict(row.prediction_error_histogram or {}), delta.prediction_error_histogram
+        )
     row.ttft_p50_ms = histogram_quantile_ms(histogram, 0.5)
     row.ttft_p90_ms = histogram_quantile_ms(histogram, 0.9)
     row.ttft_p99_ms = histogram_quantile_ms(histogram, 0.99)

@@ -8,7 +8,9 @@ and the request stream's consumer group (how far aggregation lags behind the gat
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import redis
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -16,9 +18,17 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node
 from controlplane.metrics import exports_metrics
+from telemetry.aggregation import prediction_quality
+from telemetry.choices import ResolutionChoices, ScopeChoices
+from telemetry.histogram import add_to_histogram
 from telemetry.live import read_live_state
+from telemetry.models import RequestAggregate
 
 log = logging.getLogger(__name__)
+
+# The prediction-quality gauges cover the last five minutes of 10 s buckets: long enough for a
+# median over a few hundred requests, short enough that an alert's ``for`` is what smooths.
+PREDICTION_WINDOW_S = 300
 
 
 @exports_metrics
@@ -41,6 +51,7 @@ def telemetry_metrics() -> Iterator[Metric]:
     )
     yield from _node_families(nodes, live.nodes)
     yield from _rtt_families(nodes, live.rtt)
+    yield from _prediction_families(nodes, time.time())
     if stream is not None:
         lag, pending = stream
         yield GaugeMetricFamily(
@@ -123,3 +134,54 @@ def _rtt_families(nodes: dict[int, tuple[str, str, str]], rtt) -> Iterator[Metri
         jitter.add_metric(labels, entry.jitter_ms / 1000.0)
         updated.add_metric(labels, entry.updated_at)
     yield from (round_trip, jitter, updated)
+
+
+def _prediction_families(nodes: dict[int, tuple[str, str, str]], now_s: float) -> Iterator[Metric]:
+    """Per node, the cost model's predicted TTFT against the measured one over the last window."""
+    rows = RequestAggregate.objects.filter(
+        resolution=ResolutionChoices.TEN_SECONDS,
+        scope=ScopeChoices.NODE,
+        bucket_start__gte=datetime.fromtimestamp(now_s - PREDICTION_WINDOW_S, tz=UTC),
+        prediction_count__gt=0,
+    ).values_list(
+        "node_id",
+        "prediction_count",
+        "prediction_error_sum_ms",
+        "prediction_abs_error_sum_ms",
+        "prediction_error_histogram",
+    )
+    merged: dict[int, list] = {}
+    for node_id, count, error_sum, abs_sum, histogram in rows:
+        acc = merged.setdefault(node_id, [0, 0.0, 0.0, {}])
+        acc[0] += count
+        acc[1] += error_sum
+        acc[2] += abs_sum
+        add_to_histogram(acc[3], histogram or {})
+    median = GaugeMetricFamily(
+        "gorgo_ttft_prediction_abs_error_median_seconds",
+        "Median |measured - predicted| TTFT of the node's requests over the last 5 minutes "
+        "(predicted: the decision's cost terms, gateway + rtt + queue + prefill).",
+        labels=["node", "region"],
+    )
+    bias = GaugeMetricFamily(
+        "gorgo_ttft_prediction_bias_seconds",
+        "Mean measured - predicted TTFT over the last 5 minutes (> 0: the model predicts too little).",
+        labels=["node", "region"],
+    )
+    samples = GaugeMetricFamily(
+        "gorgo_ttft_prediction_samples",
+        "Requests with a measured and a predicted TTFT behind those figures.",
+        labels=["node", "region"],
+    )
+    for node_id, (count, error_sum, abs_sum, histogram) in merged.items():
+        if node_id not in nodes:
+            continue
+        quality = prediction_quality(count, error_sum, abs_sum, histogram)
+        if quality is None:
+            continue
+        name, region, _state = nodes[node_id]
+        if quality.median_abs_error_ms is not None:
+            median.add_metric([name, region], quality.median_abs_error_ms / 1000.0)
+        bias.add_metric([name, region], quality.bias_ms / 1000.0)
+        samples.add_metric([name, region], quality.count)
+    yield from (median, bias, samples)

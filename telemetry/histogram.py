@@ -40,3 +40,41 @@ def histogram_quantile_ms(histogram: dict[str, int], q: float) -> float | None:
             upper = BIN_BASE_MS * BIN_GROWTH**index
             return round(upper / math.sqrt(BIN_GROWTH) if index > 0 else upper, 3)
     return None
+
+
+# ---- signed errors (predicted vs measured TTFT) ------------------------------------------------
+# The same log bins for |error|, keyed "+bin" (measured above predicted) or "-bin" (below), so
+# a bucket keeps the error's distribution and its sign in one JSON object that adds bin by bin.
+
+
+def error_bin(error_ms: float) -> str:
+    return f"{'+' if error_ms >= 0 else '-'}{ttft_bin(abs(error_ms))}"
+
+
+def abs_error_histogram(signed: dict[str, int]) -> dict[str, int]:
+    """The |error| histogram (plain TTFT bins) of a signed one."""
+    out: dict[str, int] = {}
+    for key, count in signed.items():
+        index = key[1:]
+        out[index] = out.get(index, 0) + count
+    return out
+
+
+def signed_quantile_ms(signed: dict[str, int], q: float) -> float | None:
+    """The q-quantile of a signed error histogram: most negative bins first, then positive ones."""
+    negative = sorted(((int(k[1:]), c) for k, c in signed.items() if k[0] == "-" and c > 0), reverse=True)
+    positive = sorted((int(k[1:]), c) for k, c in signed.items() if k[0] == "+" and c > 0)
+    ordered = [(-1, index, count) for index, count in negative] + [
+        (1, index, count) for index, count in positive
+    ]
+    total = sum(count for _, _, count in ordered)
+    if total == 0:
+        return None
+    rank, seen = q * total, 0
+    for sign, index, count in ordered:
+        seen += count
+        if seen >= rank:
+            upper = BIN_BASE_MS * BIN_GROWTH**index
+            middle = upper / math.sqrt(BIN_GROWTH) if index > 0 else upper
+            return round(sign * middle, 3)
+    return None

@@ -214,6 +214,20 @@ class RequestAggregate(KeptNamesMixin, models.Model):
         default=0, help_text="Prompt tokens the router expected to be cached (cost.matched_tokens)."
     )
     usage_count = models.PositiveIntegerField(default=0, help_text="Records that carried the node's usage.")
+    # Prediction quality: the router's predicted TTFT (its cost terms rtt + queue + prefill, before
+    # weights) against the measured TTFT, per record that had both. Error = measured - predicted.
+    prediction_count = models.PositiveIntegerField(
+        default=0, help_text="Records with a measured TTFT and the cost model's predicted TTFT."
+    )
+    prediction_error_sum_ms = models.FloatField(
+        default=0.0, help_text="Sum of measured - predicted TTFT (ms): the bias is this over the count."
+    )
+    prediction_abs_error_sum_ms = models.FloatField(default=0.0)
+    prediction_error_histogram = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Log-bucketed |error| counts keyed "+bin" (measured above predicted) or "-bin".',
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

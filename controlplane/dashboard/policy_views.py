@@ -116,11 +116,12 @@ def policy_review(policy: RoutingPolicy) -> dict[str, Any]:
 
 
 class PolicyDetailView(PolicyPageMixin, DetailView):
-    """Review (diff against live), publish, version history with rollback, edits."""
+    """Review (diff against live), what-if replay, publish, version history with rollback, edits."""
 
     model = RoutingPolicy
     template_name = "dashboard/policy_detail.html"
     context_object_name = "policy"
+    uses_plotly = True  # the what-if panel's charts
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)

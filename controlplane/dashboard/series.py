@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from controlplane.keys.models import ClientKey
-from telemetry.aggregation import SUMMED_FIELDS, breakdown_of
+from telemetry.aggregation import SUMMED_FIELDS, breakdown_of, prediction_quality
 from telemetry.choices import ScopeChoices
 from telemetry.histogram import add_to_histogram, histogram_quantile_ms
 from telemetry.keyusage import KEY_USAGE_SUMMED_FIELDS
@@ -52,6 +54,7 @@ class Merged:
 
     sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMMED_FIELDS, 0))
     histogram: dict[str, int] = field(default_factory=dict)
+    prediction_histogram: dict[str, int] = field(default_factory=dict)
     bucket_means: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     @property
@@ -73,6 +76,7 @@ class Merged:
             self.sums[name] += row[name] or 0
         for index, count in (row["ttft_histogram"] or {}).items():
             self.histogram[index] = self.histogram.get(index, 0) + count
+        add_to_histogram(self.prediction_histogram, row["prediction_error_histogram"] or {})
         parts = _breakdown(row)
         if parts is not None:
             self.bucket_means.append((row["ttft_count"], parts))
@@ -104,7 +108,18 @@ class Merged:
             "prompt_tokens": self.sums["prompt_tokens"],
             "cached_tokens": self.sums["cached_tokens"],
             "predicted_cached_tokens": self.sums["predicted_cached_tokens"],
+            "prediction": self.prediction(),
         }
+
+    def prediction(self) -> dict[str, Any] | None:
+        """The cost model's predicted TTFT against the measured one over these buckets."""
+        quality = prediction_quality(
+            self.sums["prediction_count"],
+            self.sums["prediction_error_sum_ms"],
+            self.sums["prediction_abs_error_sum_ms"],
+            self.prediction_histogram,
+        )
+        return msgspec.to_builtins(quality) if quality is not None else None
 
 
 def _breakdown(sums: dict[str, Any]) -> dict[str, float] | None:
@@ -144,6 +159,7 @@ _BUCKET_FIELDS = (
     "region__slug",
     "bucket_start",
     "ttft_histogram",
+    "prediction_error_histogram",
     "ttft_p50_ms",
     "ttft_p99_ms",
     *SUMMED_FIELDS,

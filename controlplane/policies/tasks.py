@@ -10,13 +10,15 @@ import redis
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
 from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
-from controlplane.policies import tuning
+from controlplane.policies import tuning, whatif
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, republish_active, republish_live
 from controlplane.reconcile import restore_all
+from simulator.replay import ReplayTooSlow
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +184,48 @@ def tune() -> str | None:
         log.warning("tune ran out of time; the window is decided next run")
         return None
     return window.outcome if window is not None else None
+
+
+WHAT_IF_LIMITS_S = (100, 120)  # two replays of at most whatif.REPLAY_WALL_BUDGET_S each
+
+
+@shared_task(
+    name="policies.what_if",
+    soft_time_limit=WHAT_IF_LIMITS_S[0],
+    time_limit=WHAT_IF_LIMITS_S[1],
+    ignore_result=True,
+)
+def what_if(run_id: str, policy_id: int, minutes: int, now_s: float) -> str:
+    """Replay the last ``minutes`` of traffic with a policy's draft and with the live policy.
+
+    The answer (or why there is none) is stored under the run's id (``whatif.save_run``) for the
+    API and the policy page to fetch. One run at a time per fleet: a replay takes a core for up to a
+    minute, and a second one queued behind the lock waits its turn instead of sharing the core.
+    Returns the run's final status.
+    """
+    base: dict[str, object] = {"id": run_id, "policy": policy_id, "minutes": minutes}
+    try:
+        with task_lock(redis_client(), redis_keys(), "policies-what-if", WHAT_IF_LIMITS_S[1]) as acquired:
+            if not acquired:
+                what_if.apply_async((run_id, policy_id, minutes, now_s), countdown=5)
+                return "pending"
+            policy = RoutingPolicy.objects.filter(pk=policy_id).first()
+            if policy is None:
+                whatif.save_run(run_id, {**base, "status": "failed", "error": "The policy was deleted."})
+                return "failed"
+            result = whatif.run_what_if(policy, minutes, now_s)
+    except (whatif.NoTraffic, whatif.NothingLive) as exc:
+        whatif.save_run(run_id, {**base, "status": "failed", "error": str(exc.detail)})
+        return "failed"
+    except ValidationError as exc:
+        whatif.save_run(run_id, {**base, "status": "failed", "error": "; ".join(exc.messages)})
+        return "failed"
+    except (ReplayTooSlow, SoftTimeLimitExceeded):
+        error = "The replay ran out of time; choose a shorter window."
+        whatif.save_run(run_id, {**base, "status": "failed", "error": error})
+        return "failed"
+    except redis.RedisError as exc:
+        log.warning("what-if %s: Redis unreachable: %s", run_id, exc)
+        return "failed"
+    whatif.save_run(run_id, {**base, "status": "done", "result": result.to_json()})
+    return "done"

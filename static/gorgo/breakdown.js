@@ -1,4 +1,5 @@
-/* TTFT breakdown: stacked parts per gateway region and per node, TTFT p50/p99 over time. */
+/* TTFT breakdown: stacked parts per gateway region and per node, TTFT p50/p99 over time, and how
+ * well the router's cost model predicted each node's TTFT. */
 (function () {
   "use strict";
   const G = window.Gorgo;
@@ -59,6 +60,35 @@
     })), empty);
   }
 
+  function renderPrediction() {
+    // Per node: median |measured - predicted| and the bias (mean error), with the signed error's
+    // p10..p90 as the bias bar's whiskers. Error > 0: the node was slower than the model said.
+    const d = state.data || { nodes: {} };
+    const rows = fleet.nodes
+      .map((n) => ({ node: n, q: d.nodes[String(n.id)] && d.nodes[String(n.id)].prediction }))
+      .filter((r) => r.q);
+    const x = rows.map((r) => r.node.name);
+    const ticktext = rows.map((r) => colored(r.node.name, G.nodeStyle(r.node.id).color));
+    const custom = rows.map((r) => [r.q.count, r.q.error_p10_ms, r.q.error_p90_ms, r.q.p90_abs_error_ms]);
+    const traces = [
+      { type: "bar", name: "median |error|", x, y: rows.map((r) => r.q.median_abs_error_ms), customdata: custom,
+        marker: { color: "#B877D9" },
+        hovertemplate: "median |error| %{y:.0f} ms · p90 |error| %{customdata[3]:.0f} ms · %{customdata[0]:,} requests<extra></extra>" },
+      { type: "bar", name: "bias (mean error)", x, y: rows.map((r) => r.q.bias_ms), customdata: custom,
+        marker: { color: "#FADE2A" },
+        error_y: { type: "data", symmetric: false, color: "#8e9299",
+          array: rows.map((r) => Math.max(0, (r.q.error_p90_ms ?? r.q.bias_ms) - r.q.bias_ms)),
+          arrayminus: rows.map((r) => Math.max(0, r.q.bias_ms - (r.q.error_p10_ms ?? r.q.bias_ms))) },
+        hovertemplate: "bias %{y:.0f} ms · error p10 %{customdata[1]:.0f} to p90 %{customdata[2]:.0f} ms<extra></extra>" },
+    ];
+    G.plot("prediction-quality", traces, G.layout({
+      barmode: "group",
+      bargap: 0.35,
+      xaxis: { type: "category", tickmode: "array", tickvals: x, ticktext, categoryorder: "array", categoryarray: x },
+      yaxis: G.valueAxis("ms · measured − predicted TTFT", { rangemode: "normal" }),
+    }), rows.length ? null : `No decision priced its node in the last ${windowLabel()} (round robin and least load predict nothing)`);
+  }
+
   function renderSeries() {
     const d = state.data;
     const now = Date.now() / 1000;
@@ -93,6 +123,7 @@
     }
     renderBars();
     renderSeries();
+    renderPrediction();
   }
   const throttled = G.throttle(refresh, 10000);
   // A day merges ~13k buckets (~0.7 s of server time): the minute timer is enough there.
@@ -106,10 +137,11 @@
     });
     renderBars();
   }));
-  G.windowPicker((key) => { state.window = key; state.data = null; renderBars(); renderSeries(); refresh(); });
+  G.windowPicker((key) => { state.window = key; state.data = null; renderBars(); renderSeries(); renderPrediction(); refresh(); });
 
   renderBars();
   renderSeries();
+  renderPrediction();
   refresh();
   setInterval(refresh, 60000);
   G.live({ "telemetry.aggregates": refreshSoon, reconnected: refresh });

@@ -1,5 +1,6 @@
-/* Policy pages: show the selected algorithm's parameters only; keep the residency grid readable.
- * Everything works without this script (all parameter sets are shown; the server validates). */
+/* Policy pages: show the selected algorithm's parameters only; keep the residency grid readable;
+ * the review page's what-if panel (which needs this script and Plotly: it runs through the API).
+ * The editor works without this script (all parameter sets are shown; the server validates). */
 (function () {
   "use strict";
   const algorithm = document.getElementById("id_algorithm");
@@ -23,5 +24,117 @@
     };
     grid.addEventListener("change", sync);
     sync();
+  }
+
+  // What if: queue a replay through the API, poll the run, draw the distributions side by side.
+  const panel = document.getElementById("what-if");
+  if (panel && window.Gorgo) {
+    const G = window.Gorgo;
+    const form = document.getElementById("what-if-form");
+    const status = document.getElementById("what-if-status");
+    const button = document.getElementById("what-if-run");
+    const table = document.getElementById("what-if-table");
+    const SERIES = [
+      { key: "measured", label: "measured (recorded)", color: "#8e9299", dash: "dot" },
+      { key: "live", label: "live policy (replayed)", color: "#5794F2", dash: "solid" },
+      { key: "draft", label: "this policy (replayed)", color: "#FF9830", dash: "solid" },
+    ];
+    const POLL_MS = 1000;
+    const POLL_LIMIT = 180; // the task's hard limit is 120 s, plus queueing
+
+    const say = (text, failed) => {
+      status.textContent = text;
+      status.classList.toggle("bad", Boolean(failed));
+    };
+    const fail = (message) => {
+      say(message, true);
+      G.setEmpty("what-if-cdf", message);
+      G.setEmpty("what-if-histogram", message);
+      table.hidden = true;
+    };
+    const detail = (body) => {
+      if (!body) return "The replay could not be started.";
+      if (body.detail) return body.detail;
+      return Object.entries(body).map(([k, v]) => `${k}: ${[].concat(v).join(" ")}`).join("; ");
+    };
+
+    function render(result) {
+      const label = (s) => s.key === "live" ? `live v${result.live_version} ${result.live_policy} (replayed)` : s.label;
+      const rows = SERIES.map((s) => {
+        const d = result[s.key];
+        return `<tr data-series="${s.key}"><td><span class="swatch" style="background:${s.color}"></span>${label(s)}</td>` +
+          `<td class="num mono">${G.fmt.ms(d.p50_ms)}</td><td class="num mono">${G.fmt.ms(d.p90_ms)}</td>` +
+          `<td class="num mono">${G.fmt.ms(d.p99_ms)}</td><td class="num">${d.count}</td>` +
+          `<td class="num">${d.cross_region_share === null ? "—" : G.fmt.pct(d.cross_region_share, 0) + " %"}</td></tr>`;
+      });
+      table.querySelector("tbody").innerHTML = rows.join("");
+      table.hidden = false;
+      const cdf = SERIES.map((s) => ({
+        type: "scatter", mode: "lines", name: label(s),
+        x: result[s.key].cdf.map((p) => p[0]), y: result[s.key].cdf.map((p) => p[1] * 100),
+        line: { color: s.color, dash: s.dash, width: 2 },
+        hovertemplate: "%{y:.0f} % at or below %{x:.0f} ms<extra>" + label(s) + "</extra>",
+      }));
+      G.plot("what-if-cdf", cdf, G.layout({
+        hovermode: "closest",
+        xaxis: G.valueAxis("TTFT (ms, log)", { type: "log", rangemode: "normal" }),
+        yaxis: G.valueAxis("requests at or below (%)", { range: [0, 100] }),
+      }));
+      const edges = result.histogram_edges_ms;
+      const centres = edges.slice(0, -1).map((low, i) => Math.sqrt(Math.max(low, 0.1) * edges[i + 1]));
+      // Steps, not bars: three bar series on a log axis draw as slivers.
+      const steps = SERIES.map((s) => ({
+        type: "scatter", mode: "lines", name: label(s), x: centres, y: result[s.key].histogram,
+        line: { color: s.color, dash: s.dash, width: 2, shape: "hvh" },
+        hovertemplate: "%{y} requests near %{x:.0f} ms<extra>" + label(s) + "</extra>",
+      }));
+      G.plot("what-if-histogram", steps, G.layout({
+        hovermode: "closest",
+        xaxis: G.valueAxis("TTFT (ms, log)", { type: "log", rangemode: "normal" }),
+        yaxis: G.valueAxis("requests"),
+      }));
+      const notes = [`${result.requests.toLocaleString("en-US")} requests replayed in ${result.replay_s.toFixed(1)} s`];
+      if (result.truncated) notes.push("the window held more: the newest were replayed");
+      if (result.with_prefix_hashes < 1) notes.push(`${G.fmt.pct(1 - result.with_prefix_hashes, 0)} % of the records had no prefix hashes (replayed as unique prompts)`);
+      const lost = result.draft.unroutable + result.draft.unfinished;
+      if (lost) notes.push(`this policy left ${lost} request(s) unserved`);
+      say(notes.join(" · "));
+    }
+
+    async function poll(url) {
+      for (let i = 0; i < POLL_LIMIT; i += 1) {
+        const run = await G.getJSON(url);
+        if (run.status === "done") return render(run.result);
+        if (run.status === "failed") return fail(run.error);
+        say(`Replaying the last ${run.minutes} minutes…`);
+        await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+      }
+      fail("The replay did not finish; is a Celery worker running?");
+    }
+
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      button.disabled = true;
+      say("Queueing the replay…");
+      try {
+        const response = await fetch(panel.dataset.url, {
+          method: "POST",
+          credentials: "same-origin",
+          headers: {
+            "Content-Type": "application/json",
+            Accept: "application/json",
+            "X-CSRFToken": form.querySelector("[name=csrfmiddlewaretoken]").value,
+          },
+          body: JSON.stringify({ minutes: Number(form.elements.minutes.value) }),
+        });
+        const body = await response.json().catch(() => null);
+        if (response.status !== 202) fail(detail(body));
+        else await poll(body.url);
+      } catch (error) {
+        fail(`The replay could not be fetched: ${error.message}`);
+      } finally {
+        button.disabled = false;
+      }
+    });
   }
 })();

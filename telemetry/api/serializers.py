@@ -13,7 +13,7 @@ from rest_framework import serializers
 from controlplane.fleet.choices import NodeStateChoices
 from controlplane.fleet.models import Node
 from routing.contract import NodeLiveState, RTTEntry
-from telemetry.aggregation import TOLERANCE_ABS_MS, TOLERANCE_REL, breakdown_of
+from telemetry.aggregation import TOLERANCE_ABS_MS, TOLERANCE_REL, breakdown_of, prediction_quality_of
 from telemetry.choices import HealthChoices
 from telemetry.models import (
     HealthEvent,
@@ -215,6 +215,20 @@ class BreakdownSerializer(serializers.Serializer):
     )
 
 
+class PredictionQualitySerializer(serializers.Serializer):
+    """The cost model's predicted TTFT (gateway + rtt + queue + prefill terms of the decision)
+    against the measured TTFT; error = measured - predicted, in ms."""
+
+    count = serializers.IntegerField(help_text="Requests with both a measured and a predicted TTFT.")
+    bias_ms = serializers.FloatField(help_text="Mean error: above 0 the model predicts too little.")
+    mean_abs_error_ms = serializers.FloatField()
+    median_abs_error_ms = serializers.FloatField(allow_null=True)
+    p90_abs_error_ms = serializers.FloatField(allow_null=True)
+    error_p10_ms = serializers.FloatField(allow_null=True)
+    error_p50_ms = serializers.FloatField(allow_null=True)
+    error_p90_ms = serializers.FloatField(allow_null=True)
+
+
 class RequestAggregateSerializer(serializers.ModelSerializer):
     """One bucket of finished requests (per node or per gateway region)."""
 
@@ -238,6 +252,7 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     cache_hit_rate = serializers.FloatField(
         read_only=True, allow_null=True, help_text="cached_tokens / prompt_tokens."
     )
+    prediction = serializers.SerializerMethodField()
 
     class Meta:
         model = RequestAggregate
@@ -265,6 +280,7 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
             "cached_tokens",
             "predicted_cached_tokens",
             "cache_hit_rate",
+            "prediction",
         ]
         read_only_fields = fields
 
@@ -272,6 +288,11 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
     def get_breakdown(self, row: RequestAggregate) -> dict | None:
         breakdown = breakdown_of(row)
         return msgspec.to_builtins(breakdown) if breakdown is not None else None
+
+    @extend_schema_field(PredictionQualitySerializer(allow_null=True))
+    def get_prediction(self, row: RequestAggregate) -> dict | None:
+        quality = prediction_quality_of(row)
+        return msgspec.to_builtins(quality) if quality is not None else None
 
 
 class KeyUsageSerializer(serializers.ModelSerializer):

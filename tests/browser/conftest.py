@@ -76,7 +76,13 @@ def chromium() -> Path:
 
 @pytest.fixture(scope="module")
 def server(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardServer]:
-    directory = tmp_path_factory.mktemp("control-plane")
+    plane = seeded_server(tmp_path_factory.mktemp("control-plane"))
+    yield plane
+    plane.group.stop_all()
+
+
+def seeded_server(directory: Path, **extra_env: str) -> DashboardServer:
+    """A started control plane on the demo fleet with demo telemetry (stop it with ``group.stop_all``)."""
     env = {
         "DEBUG": "true",
         "DJANGO_SETTINGS_MODULE": "controlplane.settings",
@@ -86,6 +92,7 @@ def server(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "GORGO_REDIS_PREFIX": os.environ["GORGO_REDIS_PREFIX"],
         "GORGO_OPERATOR_PASSWORD": OPERATOR[1],
         "PYTHONUNBUFFERED": "1",
+        **extra_env,
     }
     plane = DashboardServer(directory=directory, env=env)
     plane.manage("migrate", "--no-input", "-v", "0")
@@ -93,8 +100,7 @@ def server(chromium: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     plane.manage("createoperator", "--username", VIEWER[0], "--password", VIEWER[1], "--viewer")
     plane.run("-m", "tests.browser.demo_data", "--minutes", "20")
     plane.start()
-    yield plane
-    plane.group.stop_all()
+    return plane
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     from routing.contract import NodeLiveState, RTTEntry, RTTTable
     from telemetry.aggregation import histogram_quantile_ms, ttft_bin
     from telemetry.choices import HealthChoices
+    from telemetry.histogram import error_bin
     from telemetry.models import MetricSample, NodeHealth, RequestAggregate
 
     rng = random.Random(7)
@@ -80,6 +81,20 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
         for row in rows:
             histogram[str(ttft_bin(row.ttft_ms))] = histogram.get(str(ttft_bin(row.ttft_ms)), 0) + 1
         sums = [sum(row.parts_ms[i] for row in rows) for i in range(4)]
+        # What the router predicted: the network and gateway right, queue and prefill roughly.
+        prediction_errors = [
+            row.ttft_ms
+            - (
+                row.parts_ms[0]
+                + row.parts_ms[1]
+                + row.parts_ms[2] * rng.uniform(0.5, 1.2)
+                + row.parts_ms[3] * rng.uniform(0.8, 1.1)
+            )
+            for row in rows
+        ]
+        error_histogram: dict[str, int] = {}
+        for error in prediction_errors:
+            error_histogram[error_bin(error)] = error_histogram.get(error_bin(error), 0) + 1
         errors = sum(1 for _ in rows if rng.random() < 0.01)
         aggregates.append(
             RequestAggregate(
@@ -103,6 +118,10 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
                 prompt_tokens=sum(row.tokens[0] for row in rows),
                 predicted_cached_tokens=sum(row.tokens[1] for row in rows),
                 cached_tokens=sum(row.tokens[2] for row in rows),
+                prediction_count=len(rows),
+                prediction_error_sum_ms=sum(prediction_errors),
+                prediction_abs_error_sum_ms=sum(abs(e) for e in prediction_errors),
+                prediction_error_histogram=error_histogram,
                 **target,
             )
         )
@@ -189,15 +208,69 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     return {"aggregates": len(aggregates), "samples": len(samples), "rtt": len(entries)}
 
 
+def log_requests(count: int, minutes: int = 5, now_s: float | None = None) -> int:
+    """Append ``count`` request records over the last ``minutes`` to the request log, as gateways do
+    (what the what-if replays): mostly local nodes, regional system prompts as prefix hashes."""
+    from controlplane.connections import redis_client, redis_keys
+    from controlplane.fleet.models import Node
+    from routing import contract
+    from routing.contract import CostTerms, RequestRecord
+
+    rng = random.Random(11)
+    now_s = time.time() if now_s is None else now_s
+    nodes = list(Node.objects.select_related("region").order_by("pk"))
+    regions = sorted({n.region.slug for n in nodes})
+    client, key = redis_client(), redis_keys().request_stream
+    start_s = now_s - minutes * 60
+    for index in range(count):
+        region = regions[index % len(regions)]
+        local = [n for n in nodes if n.region.slug == region]
+        node = rng.choice(local if rng.random() < 0.9 else nodes)
+        at_s = start_s + (now_s - start_s) * index / count
+        prompt = rng.randint(1500, 6000)
+        system = [hash((region, rng.randrange(3), chunk)) & (2**63 - 1) for chunk in range(20)]
+        own = [rng.getrandbits(63) for _ in range(prompt // 64 - 20)]
+        network = rtt_ms(region, node.region.slug)
+        ttft = network + rng.uniform(20.0, 120.0)
+        record = RequestRecord(
+            schema_version=contract.SCHEMA_VERSION,
+            request_id=f"demo-{index}",
+            ts=at_s,
+            gateway_region=region,
+            gateway_id=f"demo-{region}",
+            model=node.served_models.first().name,
+            status=200,
+            stream=True,
+            node_id=node.pk,
+            node_region=node.region.slug,
+            algorithm="gorgo",
+            prompt_chars=prompt * 4,
+            prompt_tokens_est=prompt,
+            prompt_tokens=prompt,
+            completion_tokens=rng.randint(32, 128),
+            gateway_ms=0.4,
+            ttft_ms=ttft,
+            cost=CostTerms(node.pk, total_ms=ttft * rng.uniform(0.8, 1.1), rtt_ms=network),
+            prefix_hashes=tuple(system + own),
+        )
+        client.xadd(
+            key, {contract.REQUEST_STREAM_FIELD: contract.encode(record)}, id=f"{int(at_s * 1000)}-{index}"
+        )
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=0, help="also log this many request records")
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     import django
 
     django.setup()
     print(seed(args.minutes))
+    if args.requests:
+        print({"requests": log_requests(args.requests)})
 
 
 if __name__ == "__main__":

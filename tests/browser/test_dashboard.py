@@ -122,7 +122,11 @@ def test_it_applies_a_live_update_pushed_through_the_channel_layer(operator_sess
 def test_it_shows_every_page_with_labelled_data(operator_session: Session, artifacts: Path) -> None:
     page = operator_session.page
     operator_session.open("/breakdown/")
-    operator_session.charts_drawn("by-region", "by-node", "ttft-over-time")
+    operator_session.charts_drawn("by-region", "by-node", "ttft-over-time", "prediction-quality")
+    # Prediction quality: a median |error| and a bias bar for each of the six demo nodes.
+    assert page.evaluate(
+        "document.getElementById('prediction-quality').data.map((t) => [t.name, t.x.length])"
+    ) == [["median |error|", 6], ["bias (mean error)", 6]]
     assert page.evaluate("document.getElementById('by-region').layout.yaxis.title.text").startswith("ms")
     # The y-axis title is drawn whole beside the plot (a long one ran past the plot area, over the
     # tick labels, and was cut at the chart's edge on narrower screens).

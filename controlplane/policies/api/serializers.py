@@ -16,6 +16,7 @@ from controlplane.api import (
     ValidatedModelSerializer,
 )
 from controlplane.fleet.models import LLMModel
+from controlplane.policies import whatif
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 
 
@@ -184,3 +185,63 @@ class PolicyDiffSerializer(serializers.Serializer):
     checksum = serializers.CharField()
     changed = serializers.BooleanField()
     changes = SnapshotChangeSerializer(many=True)
+
+
+class WhatIfRequestSerializer(serializers.Serializer):
+    minutes = StrictIntegerField(
+        min_value=whatif.MIN_MINUTES,
+        max_value=whatif.MAX_MINUTES,
+        required=False,
+        default=whatif.DEFAULT_MINUTES,
+        help_text="Replay the request log's last this many minutes.",
+    )
+
+
+class TTFTDistributionSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    p50_ms = serializers.FloatField(allow_null=True)
+    p90_ms = serializers.FloatField(allow_null=True)
+    p99_ms = serializers.FloatField(allow_null=True)
+    mean_ms = serializers.FloatField(allow_null=True)
+    cdf = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField()),
+        help_text="[ttft_ms, share of requests at or below it] pairs.",
+    )
+    histogram = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Counts on the result's histogram_edges_ms."
+    )
+    cross_region_share = serializers.FloatField(allow_null=True)
+    unroutable = serializers.IntegerField(help_text="No eligible node under this policy.")
+    unfinished = serializers.IntegerField(help_text="Routed, but no first token before the replay ended.")
+
+
+class WhatIfResultSerializer(serializers.Serializer):
+    policy_id = serializers.IntegerField()
+    policy_name = serializers.CharField()
+    live_version = serializers.IntegerField()
+    live_policy = serializers.CharField()
+    minutes = serializers.IntegerField()
+    since = serializers.FloatField(help_text="Unix seconds of the first replayed arrival.")
+    until = serializers.FloatField()
+    requests = serializers.IntegerField(help_text="Requests replayed.")
+    truncated = serializers.BooleanField(help_text="The window held more; the newest were replayed.")
+    with_prefix_hashes = serializers.FloatField(
+        help_text="Share of the records with prefix hashes (without them every prompt counts as unique)."
+    )
+    measured = TTFTDistributionSerializer(help_text="What the window's requests really had.")
+    live = TTFTDistributionSerializer(help_text="The live policy, replayed.")
+    draft = TTFTDistributionSerializer(help_text="This policy as it is now, replayed.")
+    histogram_edges_ms = serializers.ListField(child=serializers.FloatField())
+    replay_s = serializers.FloatField(help_text="Wall time of both replays.")
+
+
+class WhatIfRunSerializer(serializers.Serializer):
+    """A what-if run: queued, done (with its result) or failed (with why)."""
+
+    id = serializers.CharField()
+    policy = serializers.IntegerField()
+    minutes = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=["pending", "done", "failed"])
+    url = serializers.CharField(required=False, help_text="Where to fetch the run.")
+    error = serializers.CharField(required=False)
+    result = WhatIfResultSerializer(required=False)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
+from django.db import transaction
 from django.db.models import Max
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api import BaseModelViewSet, BaseReadOnlyViewSet, ConflictError
 from controlplane.permissions import required_perms
-from controlplane.policies import publishing, review
+from controlplane.policies import publishing, review, tasks, whatif
 from controlplane.policies.api.serializers import (
     PolicyDiffSerializer,
     PolicyValidationSerializer,
@@ -20,6 +24,8 @@ from controlplane.policies.api.serializers import (
     PublishRequestSerializer,
     RollbackRequestSerializer,
     RoutingPolicySerializer,
+    WhatIfRequestSerializer,
+    WhatIfRunSerializer,
 )
 from controlplane.policies.filtersets import PolicyVersionFilterSet, RoutingPolicyFilterSet
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
@@ -115,6 +121,53 @@ class RoutingPolicyViewSet(BaseModelViewSet):
             "changes": reviewed.changes,
         }
         return Response(PolicyDiffSerializer(answer).data)
+
+    @extend_schema(
+        request=WhatIfRequestSerializer,
+        responses={
+            202: OpenApiResponse(WhatIfRunSerializer, description="Queued; fetch the run's url."),
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="Bad minutes, or the policy is invalid."),
+            409: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="No traffic in the window, or no version is live."
+            ),
+        },
+        summary="What if: replay recent traffic with this policy and with the live one",
+    )
+    @action(detail=True, methods=["post"], url_path="what-if")
+    @required_perms()  # writes nothing but a short-lived result: any authenticated user may ask
+    def what_if(self, request: Request, pk: str | None = None) -> Response:
+        policy = self.get_object()
+        body = WhatIfRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        minutes = body.validated_data["minutes"]
+        now_s = time.time()
+        whatif.check_window(policy, minutes, now_s)
+        run_id = whatif.new_run(policy.pk, minutes)
+        transaction.on_commit(lambda: tasks.what_if.delay(run_id, policy.pk, minutes, now_s))
+        answer = {
+            "id": run_id,
+            "policy": policy.pk,
+            "minutes": minutes,
+            "status": "pending",
+            "url": f"/api/v1/policies/{policy.pk}/what-if/{run_id}/",
+        }
+        return Response(WhatIfRunSerializer(answer).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: WhatIfRunSerializer,
+            404: OpenApiResponse(OpenApiTypes.OBJECT, description="No such run (they are kept an hour)."),
+        },
+        summary="A what-if run: pending, done with its result, or failed with why",
+    )
+    @action(detail=True, methods=["get"], url_path=r"what-if/(?P<run_id>[0-9a-f]{32})")
+    def what_if_run(self, request: Request, pk: str | None = None, run_id: str = "") -> Response:
+        policy = self.get_object()
+        run = whatif.load_run(run_id)
+        if run is None or run.get("policy") != policy.pk:
+            raise NotFound("No such what-if run of this policy (runs are kept for an hour).")
+        return Response(WhatIfRunSerializer(run).data)
 
     def _published(self, result: publishing.PublishResult) -> Response:
         data = PolicyVersionSerializer(result.version, context=self.get_serializer_context()).data

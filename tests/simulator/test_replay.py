@@ -1,0 +1,134 @@
+"""The what-if replay: recorded requests through a policy on the emulated fleet, in virtual time."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from routing.contract import (
+    PARAMS_BY_ALGORITHM,
+    SCHEMA_VERSION,
+    ModelSpec,
+    NodeSpec,
+    PolicySnapshot,
+    PolicySpec,
+    RegionSpec,
+)
+from simulator import replay as replay_module
+from simulator.replay import ReplayEngine, ReplayRequest, ReplayTooSlow, replay
+
+REGIONS = ("east", "west")
+PREFILL_TOKENS_PER_S = 10_000.0
+STEP_BASE_MS = 6.5  # the emulator's decode_step_base_ms
+
+
+def node(node_id: int, region: str) -> NodeSpec:
+    return NodeSpec(
+        id=node_id,
+        name=f"{region}-{node_id}",
+        region=region,
+        base_url="http://127.0.0.1:1",
+        models=("m",),
+        gpu_type="H100",
+        gpu_count=1,
+        max_num_seqs=64,
+        prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+        kv_capacity_tokens=65_536,
+        state="active",
+    )
+
+
+def snapshot(algorithm: str, nodes: tuple[NodeSpec, ...], **params: float) -> PolicySnapshot:
+    return PolicySnapshot(
+        schema_version=SCHEMA_VERSION,
+        version=1,
+        checksum="",
+        published_at=0.0,
+        policy=PolicySpec(
+            id=1, name="p", algorithm=algorithm, params=PARAMS_BY_ALGORITHM[algorithm](**params)
+        ),
+        regions=tuple(RegionSpec(slug, slug, 0.0, 0.0) for slug in REGIONS),
+        models=(ModelSpec("m", 16, 32_768),),
+        nodes=nodes,
+    )
+
+
+TWO_REGIONS = (node(1, "east"), node(2, "west"))
+RTT_MS = {("east", 1): 2.0, ("east", 2): 200.0, ("west", 1): 200.0, ("west", 2): 2.0}
+
+
+def request(
+    at_s: float, region: str = "east", tokens: int = 1000, hashes: tuple[int, ...] = ()
+) -> ReplayRequest:
+    return ReplayRequest(
+        arrival_s=at_s,
+        gateway_region=region,
+        model="m",
+        prompt_tokens=tokens,
+        completion_tokens=16,
+        prefix_hashes=hashes,
+        prompt_chars=tokens * 4,
+        gateway_ms=1.0,
+    )
+
+
+def test_it_predicts_one_request_on_an_idle_node_from_the_cost_formula() -> None:
+    outcome = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, [request(0.0, tokens=1000)])
+    (only,) = outcome.requests
+    # gateway + round trip + one step that prefills the whole prompt (the first token samples there)
+    expected_ms = 1.0 + 2.0 + STEP_BASE_MS + 1000 / PREFILL_TOKENS_PER_S * 1000
+    assert only.node_id == 1 and not only.cross_region
+    assert only.ttft_ms == pytest.approx(expected_ms, abs=0.01)
+
+
+def test_it_hits_the_cache_where_recorded_prefix_hashes_are_shared() -> None:
+    shared = tuple(range(1, 31))  # 30 chunks of 64 tokens: a 1,920-token shared prefix
+    first, again = request(0.0, tokens=2000, hashes=shared), request(5.0, tokens=2000, hashes=shared)
+    shared_run = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, [first, again])
+    unique = request(5.0, tokens=2000, hashes=tuple(range(100, 130)))
+    unique_run = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, [first, unique])
+    hit_ms, miss_ms = shared_run.requests[1].ttft_ms, unique_run.requests[1].ttft_ms
+    assert hit_ms is not None and miss_ms is not None
+    # 1,920 of 2,000 tokens cached: about 190 ms of prefill less
+    assert miss_ms - hit_ms == pytest.approx(1920 / PREFILL_TOKENS_PER_S * 1000, rel=0.05)
+
+
+def test_it_shows_a_policy_that_ignores_the_network_as_slower() -> None:
+    traffic = [request(i * 0.5, region=REGIONS[i % 2]) for i in range(40)]
+    gorgo = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic)
+    blind = replay(snapshot("round_robin", TWO_REGIONS), RTT_MS, traffic)
+    assert sum(r.cross_region for r in gorgo.requests) == 0
+    assert sum(r.cross_region for r in blind.requests) == 20
+    assert sorted(blind.ttfts_ms())[30] > sorted(gorgo.ttfts_ms())[30] + 150
+
+
+def test_its_macro_steps_predict_exactly_what_single_steps_do(monkeypatch) -> None:
+    traffic = [
+        request(i * 0.05, region=REGIONS[i % 3 == 0], tokens=500 + 37 * i, hashes=tuple(range(i % 4, 6)))
+        for i in range(60)
+    ]
+    fast = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic)
+    monkeypatch.setattr(ReplayEngine, "_decode_run_length", lambda self, batch: 1)
+    slow = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic)
+    assert [r.ttft_ms for r in fast.requests] == pytest.approx([r.ttft_ms for r in slow.requests])
+
+
+def test_it_counts_requests_no_node_may_serve() -> None:
+    traffic = [request(0.0), ReplayRequest(0.1, "east", "unknown-model", 100, 4)]
+    outcome = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic)
+    assert outcome.unroutable == 1 and outcome.requests[1].ttft_ms is None
+    assert outcome.requests[0].ttft_ms is not None
+
+
+def test_it_stops_a_replay_that_runs_out_of_wall_time() -> None:
+    ticks = itertools.count(step=100.0)  # every clock read: 100 s later
+    traffic = [request(i * 0.01) for i in range(50)]
+    with pytest.raises(ReplayTooSlow):
+        replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic, wall_budget_s=60.0, clock=lambda: next(ticks))
+
+
+def test_it_gives_up_on_requests_still_unserved_long_after_the_last_arrival(monkeypatch) -> None:
+    monkeypatch.setattr(replay_module, "DRAIN_S", 0.001)
+    outcome = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, [request(0.0, tokens=20_000)])
+    assert outcome.unfinished == 1 and outcome.requests[0].ttft_ms is None
