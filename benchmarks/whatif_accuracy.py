@@ -7,7 +7,7 @@
    quality benchmark's engine settings) behind one real gateway per region running the live
    policy (gorgo with its defaults), driven by a seeded geo-chat plan (multi-turn chats over long
    regional system prompts). The gateways log every request to the request stream, with its prefix
-   hashes (``whatif_gateway.py``), as the control plane's what-if reads it.
+   hashes, as the control plane's what-if reads it.
 2. **Replay.** The same records (``simulator.replay.to_replay_requests``, as the what-if API
    builds them) through the same policy on the emulated fleet in virtual time
    (``simulator.replay.replay``), with the RTT table the gateways routed by, no live state (this
@@ -91,9 +91,7 @@ def record_run(
         publish_policy(client, keys, topology, nodes, "gorgo")
         snapshot = decode(client.get(keys.policy_current), PolicySnapshot)
         table = decode(client.get(keys.live_rtt), RTTTable)
-        gateways, targets = start_gateways(
-            workdir, regions, redis_url, keys.prefix, ("benchmarks/whatif_gateway.py",)
-        )
+        gateways, targets = start_gateways(workdir, regions, redis_url, keys.prefix)
         procs += gateways
         asyncio.run(run_plan(plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=60.0))
         time.sleep(0.3)  # the gateways flush their request logs every 50 ms

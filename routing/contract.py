@@ -537,7 +537,7 @@ class RequestRecord(msgspec.Struct, frozen=True):
     predicted_cached_tokens: int | None = None
     key_id: str | None = None  # the client key's public id (never its secret)
     priority: str | None = None  # the key's priority class
-    # The prompt's chained prefix-chunk hashes (routing.prefix_index.chunk_hashes: xxh3-64 of each
+    # The prompt's chained prefix-chunk hashes (routing.cache.approx_index.chunk_hashes: xxh3-64 of each
     # 256-byte chunk seeded with the previous hash), at most PREFIX_HASHES_MAX, first chunk first.
     # Never the text: a hash names a whole prefix, so the what-if replay (simulator/replay.py) can
     # tell which requests shared a cached prefix without ever seeing a prompt. Empty: not recorded.

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import RoutingRequest, RoutingView
+from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import (
     SCHEMA_VERSION,
     NodeLiveState,
@@ -50,7 +51,6 @@ from routing.contract import (
 )
 from routing.state.eligibility import eligible_nodes
 from routing.state.inflight import InFlight, Lease
-from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from simulator.engine import (
     MAX_STEP_LAG_S,
     Engine,

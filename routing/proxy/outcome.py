@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import time
 
+from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import PrefixIndex
 from routing.cache.token_ratio import CharsPerToken
 from routing.config import GatewayConfig
-from routing.contract import SCHEMA_VERSION, RequestRecord
+from routing.contract import PREFIX_HASHES_MAX, SCHEMA_VERSION, RequestRecord
 from routing.http.usage import PromptTokensDetails, Usage
 from routing.observability.exporter import NO_NODE, GatewayMetrics
 from routing.observability.request_log import RequestLog
@@ -112,6 +113,11 @@ class RequestOutcome:
                 priority=exchange.key.priority if exchange.key is not None else None,
                 prefix_index_mode=prediction[1] if prediction is not None else None,
                 predicted_cached_tokens=prediction[2] if prediction is not None else None,
+                # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the
+                # decision path: the answer has been relayed by now.
+                prefix_hashes=(
+                    tuple(chunk_hashes(parsed.prompt_text)[:PREFIX_HASHES_MAX]) if parsed is not None else ()
+                ),
             )
             self._request_log.submit(record)
             if exchange.span is not None:

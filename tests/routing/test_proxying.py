@@ -114,6 +114,27 @@ class TestProxying:
         assert (streamed.prompt_tokens, streamed.cached_tokens) == (42, 32)
         assert (unknown.status, unknown.node_id, unknown.model) == (404, None, "nope")
 
+    async def test_it_logs_the_prompts_prefix_hashes_never_its_text(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        # The what-if replay tells shared prefixes apart by these hashes alone; a least_load policy
+        # never consults the prefix index, and the record still carries them.
+        system = "You answer questions about the fleet. " * 20
+        conversation = [{"role": "system", "content": system}, *MESSAGES]
+        async with await start(aredis, redis_keys, redis_url, stubs, params=LeastLoadParams()) as gateway:
+            for question in ("first question " * 30, "second question " * 30):  # whole chunks each
+                messages = [*conversation, {"role": "user", "content": question}]
+                await gateway.http.post(
+                    f"{gateway.url}/v1/chat/completions", json={"model": MODEL, "messages": messages}
+                )
+            await wait_for(_has(aredis, redis_keys, 2), timeout_s=5)
+        entries = await aredis.xrange(redis_keys.request_stream)
+        first, second = (decode(fields[b"r"], RequestRecord) for _, fields in entries)
+        assert len(first.prefix_hashes) >= 3 and len(second.prefix_hashes) >= 3
+        assert first.prefix_hashes[:2] == second.prefix_hashes[:2]  # the shared system prompt
+        assert first.prefix_hashes[-1] != second.prefix_hashes[-1]  # the different questions
+        assert all(b"fleet" not in fields[b"r"] for _, fields in entries)
+
 
 def _has(aredis, keys, count):
     async def check():
