@@ -10,12 +10,16 @@ from rest_framework.exceptions import NotFound
 
 from controlplane.api import (
     StrictCharField,
+    StrictFloatField,
     StrictIntegerField,
     StrictSlugRelatedField,
     ValidatedModelSerializer,
 )
 from controlplane.fleet.models import LLMModel
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies import experiments
+from controlplane.policies.choices import ExperimentKindChoices
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
+from routing.contract import MAX_CANARY_SHARE
 
 
 class ResidencyRuleSerializer(serializers.Serializer):
@@ -183,3 +187,144 @@ class PolicyDiffSerializer(serializers.Serializer):
     checksum = serializers.CharField()
     changed = serializers.BooleanField()
     changes = SnapshotChangeSerializer(many=True)
+
+
+class ExperimentStartSerializer(serializers.Serializer):
+    """Start a shadow or canary (issue 23) of a stored version or of a policy's draft (exactly one)."""
+
+    kind = serializers.ChoiceField(choices=ExperimentKindChoices.choices)
+    version = StrictIntegerField(
+        min_value=1, max_value=2**31 - 1, required=False, help_text="Number of a stored policy version."
+    )
+    policy = StrictIntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        required=False,
+        help_text="Id of a policy whose draft (as it is now) is compiled and run.",
+    )
+    share_percent = StrictFloatField(
+        required=False, help_text="Canary only: the share of sessions it serves, more than 0 and at most 50."
+    )
+    margin_ms = StrictFloatField(required=False, min_value=0.0, max_value=10_000.0)
+    margin_error_rate = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
+    min_samples = StrictIntegerField(required=False, min_value=2, max_value=10_000_000)
+    alpha = StrictFloatField(required=False, min_value=1e-6, max_value=0.5)
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, data: dict) -> dict:
+        if ("version" in data) == ("policy" in data):
+            raise serializers.ValidationError(
+                {
+                    "version": "Give either version (a stored version's number) or policy (a draft's policy id)."
+                }
+            )
+        if "version" in data:
+            version = PolicyVersion.objects.select_related("policy").filter(number=data["version"]).first()
+            if version is None:
+                raise serializers.ValidationError(
+                    {
+                        "version": f"No policy version {data['version']}; GET /api/v1/policy-versions/ lists them."
+                    }
+                )
+            data["source_version"], data["policy_object"] = version, version.policy
+        else:
+            policy = RoutingPolicy.objects.filter(pk=data["policy"]).first()
+            if policy is None:
+                raise serializers.ValidationError(
+                    {"policy": f"No policy {data['policy']}; GET /api/v1/policies/ lists them."}
+                )
+            data["source_version"], data["policy_object"] = None, policy
+        share = data.get("share_percent")
+        if data["kind"] == ExperimentKindChoices.CANARY:
+            if share is None or not 0 < share <= MAX_CANARY_SHARE * 100:
+                raise serializers.ValidationError(
+                    {"share_percent": "A canary's share must be more than 0 and at most 50 (%)."}
+                )
+        elif share is not None:
+            raise serializers.ValidationError(
+                {"share_percent": "Only a canary serves a share; a shadow serves none."}
+            )
+        return data
+
+
+class ExperimentEndSerializer(serializers.Serializer):
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class PolicyExperimentSerializer(serializers.ModelSerializer):
+    """A shadow or canary: what runs, since when, and the workers' figures per region."""
+
+    url = serializers.HyperlinkedIdentityField(view_name="policyexperiment-detail")
+    policy = NestedRoutingPolicySerializer(read_only=True)
+    source_version = serializers.IntegerField(source="source_version.number", read_only=True, allow_null=True)
+    started_version = serializers.IntegerField(
+        source="started_version.number", read_only=True, allow_null=True
+    )
+    ended_version = serializers.IntegerField(source="ended_version.number", read_only=True, allow_null=True)
+    trial = serializers.SerializerMethodField(help_text="The trial's compiled policy settings.")
+    comparison = serializers.SerializerMethodField(
+        help_text="Canary: per region, canary against the rest with always-valid intervals (mSPRT)."
+    )
+
+    class Meta:
+        model = PolicyExperiment
+        fields = [
+            "id",
+            "url",
+            "kind",
+            "status",
+            "policy",
+            "source_version",
+            "trial",
+            "share_percent",
+            "margin_ms",
+            "margin_error_rate",
+            "min_samples",
+            "alpha",
+            "started_at",
+            "started_by",
+            "started_version",
+            "ended_at",
+            "ended_by",
+            "ended_version",
+            "end_note",
+            "figures",
+            "figures_updated_at",
+            "comparison",
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_trial(self, experiment: PolicyExperiment) -> dict:
+        return msgspec.json.decode(experiment.spec)
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_comparison(self, experiment: PolicyExperiment) -> list[dict]:
+        if experiment.kind != ExperimentKindChoices.CANARY:
+            return []
+        return [comparison_of(verdict) for verdict in experiments.verdicts(experiment)]
+
+
+def comparison_of(verdict) -> dict:
+    """One region's canary comparison as plain values (the API and the policy page show it)."""
+
+    def arm(sums) -> dict:
+        return {
+            "requests": sums.requests,
+            "errors": sums.errors,
+            "error_rate": sums.error_rate,
+            "ttft_count": sums.ttft_count,
+            "ttft_mean_ms": sums.ttft_mean_ms,
+        }
+
+    def interval(value) -> dict | None:
+        return None if value is None else {"estimate": value.estimate, "low": value.low, "high": value.high}
+
+    return {
+        "region": verdict.region,
+        "canary": arm(verdict.canary),
+        "rest": arm(verdict.rest),
+        "ttft_diff_ms": interval(verdict.ttft_ms),
+        "error_rate_diff": interval(verdict.error_rate),
+        "enough_samples": verdict.enough_samples,
+        "worse": verdict.worse,
+    }
