@@ -42,11 +42,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.fleet.models import Node, Region
+from controlplane.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
 from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
 from telemetry.groups import Breakdown
-from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from controlplane.histogram import add_to_histogram, histogram_quantile_ms
 from controlplane.keys.models import ClientKey
 from telemetry.aggregation import SUMMED_FIELDS, breakdown_of
 from telemetry.choices import ScopeChoices
-from telemetry.histogram import add_to_histogram, histogram_quantile_ms
 from telemetry.keyusage import KEY_USAGE_SUMMED_FIELDS
 from telemetry.models import KeyUsageAggregate, MetricSample, RequestAggregate
 

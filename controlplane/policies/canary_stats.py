@@ -109,6 +109,33 @@ class Verdict:
     enough_samples: bool
     worse: str | None  # why the canary is worse by more than the margin; None: not shown (yet)
 
+    def as_json(self) -> dict[str, Any]:
+        """Plain values (the API, the dashboard push and the policy page show them)."""
+
+        def arm(sums: ArmSums) -> dict[str, Any]:
+            return {
+                "requests": sums.requests,
+                "errors": sums.errors,
+                "error_rate": sums.error_rate,
+                "ttft_count": sums.ttft_count,
+                "ttft_mean_ms": sums.ttft_mean_ms,
+            }
+
+        def interval(value: Interval | None) -> dict[str, float] | None:
+            return (
+                None if value is None else {"estimate": value.estimate, "low": value.low, "high": value.high}
+            )
+
+        return {
+            "region": self.region,
+            "canary": arm(self.canary),
+            "rest": arm(self.rest),
+            "ttft_diff_ms": interval(self.ttft_ms),
+            "error_rate_diff": interval(self.error_rate),
+            "enough_samples": self.enough_samples,
+            "worse": self.worse,
+        }
+
 
 def compare(
     region: str,

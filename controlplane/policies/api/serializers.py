@@ -301,30 +301,4 @@ class PolicyExperimentSerializer(serializers.ModelSerializer):
     def get_comparison(self, experiment: PolicyExperiment) -> list[dict]:
         if experiment.kind != ExperimentKindChoices.CANARY:
             return []
-        return [comparison_of(verdict) for verdict in experiments.verdicts(experiment)]
-
-
-def comparison_of(verdict) -> dict:
-    """One region's canary comparison as plain values (the API and the policy page show it)."""
-
-    def arm(sums) -> dict:
-        return {
-            "requests": sums.requests,
-            "errors": sums.errors,
-            "error_rate": sums.error_rate,
-            "ttft_count": sums.ttft_count,
-            "ttft_mean_ms": sums.ttft_mean_ms,
-        }
-
-    def interval(value) -> dict | None:
-        return None if value is None else {"estimate": value.estimate, "low": value.low, "high": value.high}
-
-    return {
-        "region": verdict.region,
-        "canary": arm(verdict.canary),
-        "rest": arm(verdict.rest),
-        "ttft_diff_ms": interval(verdict.ttft_ms),
-        "error_rate_diff": interval(verdict.error_rate),
-        "enough_samples": verdict.enough_samples,
-        "worse": verdict.worse,
-    }
+        return [verdict.as_json() for verdict in experiments.verdicts(experiment)]
