@@ -143,12 +143,25 @@ def start(
     return experiment
 
 
-def stop(experiment: PolicyExperiment, *, user: AbstractBaseUser, note: str = "") -> PolicyExperiment:
-    """Take a running experiment off the gateways (a new version without it)."""
-    return _end(experiment, ExperimentStatusChoices.STOPPED, user=user, note=note or "stopped")
+def stop(
+    experiment: PolicyExperiment, *, user: AbstractBaseUser, note: str = "", author_name: str | None = None
+) -> PolicyExperiment:
+    """Take a running experiment off the gateways (a new version without it).
+
+    ``author_name`` names who acted when it is not ``user`` (the online tuner, recorded as gorgo-system).
+    """
+    return _end(
+        experiment,
+        ExperimentStatusChoices.STOPPED,
+        user=user,
+        note=note or "stopped",
+        author_name=author_name,
+    )
 
 
-def promote(experiment: PolicyExperiment, *, user: AbstractBaseUser, note: str = "") -> PolicyExperiment:
+def promote(
+    experiment: PolicyExperiment, *, user: AbstractBaseUser, note: str = "", author_name: str | None = None
+) -> PolicyExperiment:
     """Publish the trial as the live policy and end the experiment (both in one version).
 
     The policy's database row is left alone: a promoted stored version is published from its spec,
@@ -156,11 +169,13 @@ def promote(experiment: PolicyExperiment, *, user: AbstractBaseUser, note: str =
     """
     with transaction.atomic():
         experiment = _lock_running(experiment)
-        _finish(experiment, ExperimentStatusChoices.PROMOTED, user.get_username(), note or "promoted")
+        who = author_name or user.get_username()
+        _finish(experiment, ExperimentStatusChoices.PROMOTED, who, note or "promoted")
         experiment.save()  # no longer running: the version below is compiled without it
         result = publishing.publish(
             experiment.policy,
-            author=user,
+            author=None if author_name else user,
+            system_author=who,
             spec=experiment.trial_policy(),
             note=f"{_describe(experiment)} promoted" + (f": {note}" if note else ""),
         )
@@ -215,10 +230,17 @@ def check_canary(experiment: PolicyExperiment) -> PolicyExperiment | None:
 # ---- helpers ---------------------------------------------------------------------------------
 
 
-def _end(experiment: PolicyExperiment, status: str, *, user: AbstractBaseUser, note: str) -> PolicyExperiment:
+def _end(
+    experiment: PolicyExperiment,
+    status: str,
+    *,
+    user: AbstractBaseUser,
+    note: str,
+    author_name: str | None = None,
+) -> PolicyExperiment:
     with transaction.atomic():
         experiment = _lock_running(experiment)
-        _finish(experiment, status, user.get_username(), note)
+        _finish(experiment, status, author_name or user.get_username(), note)
         experiment.save()
         # Compiled without it now (it is no longer running): the gateways drop it.
         result = publishing.republish_live(f"{_describe(experiment)} {status.replace('_', ' ')}: {note}")
