@@ -2,7 +2,7 @@
 
     python benchmarks/front_door_cpu.py        # from the repo root; a few seconds
 
-Times what ``routing/proxy.py`` runs per request when ``GORGO_AUTH=on`` and the key has request and
+Times what the request path (``routing/proxy/handler.py``) runs per request when ``GORGO_AUTH=on`` and the key has request and
 token limits: the header scan that also picks up the key, ``FrontDoor.authenticate`` (sha256 of the
 secret, key-set lookup, expiry), ``admit`` (scope, concurrency, the rate limiter served from its
 lease) and ``done`` (slot, settlement bookkeeping, per-key metrics), against the header scan alone.
@@ -25,14 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from routing.asgi import scan_request_headers  # noqa: E402
-from routing.concurrency import ConcurrencyLimiter  # noqa: E402
 from routing.contract import ClientKeySpec, RedisKeys  # noqa: E402
-from routing.frontdoor import FrontDoor  # noqa: E402
-from routing.keystore import KeyStore, secret_hash  # noqa: E402
-from routing.metrics import GatewayMetrics  # noqa: E402
-from routing.ratelimit import RateLimiter, make_limiter_redis  # noqa: E402
-from routing.usage import Usage  # noqa: E402
+from routing.frontdoor.concurrency import ConcurrencyLimiter  # noqa: E402
+from routing.frontdoor.front_door import FrontDoor  # noqa: E402
+from routing.frontdoor.keystore import KeyStore, secret_hash  # noqa: E402
+from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis  # noqa: E402
+from routing.http.asgi import scan_request_headers  # noqa: E402
+from routing.http.usage import Usage  # noqa: E402
+from routing.observability.exporter import GatewayMetrics  # noqa: E402
 
 SECRET = "gorgo-sk-bench-0123456789abcdefghijklmnopqrstuvwxyz"
 ROUNDS = 7

@@ -324,48 +324,34 @@ def _publish_policy(
     """Publish a snapshot with one node per mock upstream, as the control plane would."""
     import redis
 
-    from routing.contract import (
-        PARAMS_BY_ALGORITHM,
-        SCHEMA_VERSION,
-        ModelSpec,
-        NodeSpec,
-        PolicySnapshot,
-        PolicySpec,
-        RedisKeys,
-        RegionSpec,
-    )
-    from routing.writer import write_snapshot
+    from routing.contract import PARAMS_BY_ALGORITHM, RedisKeys, RegionSpec
+    from routing.writer import write
+    from simulator.snapshots import make_node, make_snapshot
 
     keys = RedisKeys(prefix=prefix)
     nodes = tuple(
-        NodeSpec(
-            id=i,
+        make_node(
+            i,
+            upstream,
             name=f"mock-{i}",
             region="bench",
-            base_url=upstream,
             models=(MODEL,),
-            gpu_type="H100",
-            gpu_count=1,
-            max_num_seqs=256,
             prefill_tokens_per_s=20_000.0,
             kv_capacity_tokens=1_000_000,
-            state="active",
         )
         for i, upstream in enumerate(upstreams, start=1)
     )
-    snapshot = PolicySnapshot(
-        schema_version=SCHEMA_VERSION,
+    snapshot = make_snapshot(
+        nodes,
         version=version,
-        checksum=uuid.uuid4().hex,
-        published_at=time.time(),
-        policy=PolicySpec(id=1, name="bench", algorithm=algorithm, params=PARAMS_BY_ALGORITHM[algorithm]()),  # type: ignore[arg-type]
+        params=PARAMS_BY_ALGORITHM[algorithm](),
         regions=(RegionSpec("bench", "Bench", 0.0, 0.0),),
-        models=(ModelSpec(MODEL, 16, 8192),),
-        nodes=nodes,
+        name="bench",
+        checksum=uuid.uuid4().hex,
     )
     client = redis.Redis.from_url(redis_url)
     try:
-        if not write_snapshot(client, keys, snapshot):
+        if not write(client, keys, snapshot):
             raise RuntimeError(f"Redis already holds a snapshot newer than version {version}")
     finally:
         client.close()
@@ -376,8 +362,8 @@ def _publish_bench_key(redis_url: str, prefix: str) -> None:
     import redis
 
     from routing.contract import SCHEMA_VERSION, ClientKeySet, ClientKeySpec, RedisKeys
-    from routing.keystore import secret_hash
-    from routing.writer import write_key_set
+    from routing.frontdoor.keystore import secret_hash
+    from routing.writer import write
 
     key = ClientKeySpec(
         id="bench",
@@ -388,7 +374,7 @@ def _publish_bench_key(redis_url: str, prefix: str) -> None:
     )
     client = redis.Redis.from_url(redis_url)
     try:
-        write_key_set(client, RedisKeys(prefix=prefix), ClientKeySet(SCHEMA_VERSION, 1, time.time(), (key,)))
+        write(client, RedisKeys(prefix=prefix), ClientKeySet(SCHEMA_VERSION, 1, time.time(), (key,)))
     finally:
         client.close()
 
@@ -457,7 +443,7 @@ def measure(target: Target, args: argparse.Namespace) -> dict[str, Any]:
 def _tracing_off_ns(loops: int = 2_000_000) -> float:
     """What the request path's tracing hooks cost while tracing is off, in ns per request.
 
-    The hooks in routing/proxy.py are one slot store (``exchange.span = None``) and three
+    The hooks in routing/proxy/ (handler, relay, outcome) are one slot store (``exchange.span = None``) and three
     ``is not None`` tests; timed here on the same kinds of objects, minus an empty call. Unlike
     the end-to-end rows this does not depend on what else the machine runs.
     """
@@ -498,8 +484,9 @@ def _tracing_on_cpu_us(requests: int = 5000) -> float:
     """
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-    from routing.contract import SCHEMA_VERSION, CostTerms, NodeSpec, RequestRecord
-    from routing.tracing import GatewayTracing
+    from routing.contract import SCHEMA_VERSION, CostTerms, RequestRecord
+    from routing.observability.tracing import GatewayTracing
+    from simulator.snapshots import make_node
 
     class Discard(SpanExporter):
         def export(self, spans):  # the batches are built, only the network is left out
@@ -516,10 +503,7 @@ def _tracing_on_cpu_us(requests: int = 5000) -> float:
         gateway_id="bench", model=MODEL, status=200, stream=False, node_id=1, node_region="bench",
         algorithm="gorgo", policy_version=1, prompt_tokens=12, completion_tokens=8, cost=cost, runner_up=cost,
     )  # fmt: skip
-    node = NodeSpec(
-        id=1, name="mock-1", region="bench", base_url="http://127.0.0.1:9", models=(MODEL,), gpu_type="H100",
-        gpu_count=1, max_num_seqs=256, prefill_tokens_per_s=10000.0, kv_capacity_tokens=500000, state="active",
-    )  # fmt: skip
+    node = make_node(1, name="mock-1", region="bench", models=(MODEL,))
     started = time.process_time()
     for _ in range(requests):
         headers = [(b"Content-Type", b"application/json")]

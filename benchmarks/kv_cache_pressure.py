@@ -57,9 +57,6 @@ from routing.contract import (
     GorgoParams,
     KVEventsSpec,
     ModelSpec,
-    NodeSpec,
-    PolicySnapshot,
-    PolicySpec,
     RedisKeys,
     RegionSpec,
     RequestRecord,
@@ -69,8 +66,9 @@ from routing.contract import (
     decode,
     encode,
 )
-from routing.writer import write_snapshot
+from routing.writer import write
 from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.snapshots import make_node, make_snapshot
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
 
@@ -160,18 +158,16 @@ def publish(
 ) -> None:
     precise = mode == "precise"
     nodes = tuple(
-        NodeSpec(
-            id=number,
+        make_node(
+            number,
+            node["url"],
             name=node["name"],
             region=REGION,
-            base_url=node["url"],
             models=(MODEL,),
             gpu_type="H100-80GB",
-            gpu_count=1,
             max_num_seqs=1024,
             prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
             kv_capacity_tokens=kv_blocks * BLOCK_SIZE,
-            state="active",
             kv_events=(
                 KVEventsSpec(node["kv_events_endpoint"], node["kv_events_replay_endpoint"])
                 if precise
@@ -184,17 +180,15 @@ def publish(
     rtt = tuple(RTTEntry(REGION, node.id, 1.65, 0.3, 100, now) for node in nodes)
     client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now, rtt)))
     tokenizer = TokenizerSpec(str(TOKENIZER_PATH), str(CHAT_TEMPLATE_PATH)) if precise else None
-    snapshot = PolicySnapshot(
-        schema_version=SCHEMA_VERSION,
-        version=1,
-        checksum=uuid.uuid4().hex,
-        published_at=now,
-        policy=PolicySpec(id=1, name=f"bench-{mode}", algorithm="gorgo", params=GorgoParams()),
+    snapshot = make_snapshot(
+        nodes,
+        params=GorgoParams(),
         regions=(RegionSpec(REGION, "US East", 39.04, -77.49),),
         models=(ModelSpec(MODEL, BLOCK_SIZE, MAX_MODEL_LEN, tokenizer=tokenizer),),
-        nodes=nodes,
+        name=f"bench-{mode}",
+        checksum=uuid.uuid4().hex,
     )
-    if not write_snapshot(client, keys, snapshot):
+    if not write(client, keys, snapshot):
         raise RuntimeError("the namespace already holds a newer snapshot")
 
 

@@ -17,7 +17,7 @@ and the algorithm's ``choose``. Measured for ``gorgo`` and ``prefix_affinity`` w
 Also reported: the cost of the index insertion after the decision (on the request path, not in
 the decision), and the hash-function/chunk-size comparison behind ``CHUNK_BYTES`` and xxh3.
 
-Precise matching (KV events, ``routing.kv_index``): the decision then starts from the request
+Precise matching (KV events, ``routing.cache.kv_aware_index``): the decision then starts from the request
 body: render the chat template, tokenize (segment cache), cut content keys, match the per-node
 block sets, choose. Measured with the emulated model's tokenizer files on an ~8.1k-token chat
 prompt (8k-token system prompt + a new 100-token user turn every decision) over 64 precise nodes,
@@ -89,22 +89,19 @@ def timed(fn: Callable[[int], object], iterations: int, *, cpu: bool = False) ->
 
 def build_fleet(rng: random.Random) -> dict[str, Any]:
     from routing.algorithms.base import NodeLoad
-    from routing.contract import NodeSpec
-    from routing.prefix_index import ApproxPrefixIndex
+    from routing.cache.approx_index import ApproxPrefixIndex
+    from simulator.snapshots import make_node
 
     nodes = tuple(
-        NodeSpec(
-            id=node_id,
-            name=f"node-{node_id}",
+        make_node(
+            node_id,
+            f"http://127.0.0.1:{8100 + node_id}",
             region=REGIONS[node_id % 3],
-            base_url=f"http://127.0.0.1:{8100 + node_id}",
             models=("m",),
             gpu_type="H100-80GB",
-            gpu_count=1,
             max_num_seqs=1024,
             prefill_tokens_per_s=20_000.0,
             kv_capacity_tokens=448_000,
-            state="active",
         )
         for node_id in range(1, NODES + 1)
     )
@@ -265,12 +262,12 @@ def measure_precise(fleet: dict[str, Any], iterations: int) -> dict[str, Any]:
     """Tokenize + key + match + choose with precise nodes (the request path with KV events)."""
     from routing.algorithms import gorgo
     from routing.algorithms.base import RoutingRequest, RoutingView
+    from routing.cache.approx_index import ApproxPrefixIndex
+    from routing.cache.kv_aware_index import KVAwareIndex
+    from routing.cache.kv_events.decoder import decode_batch
+    from routing.cache.precise_index import PreciseIndex, block_keys
+    from routing.cache.tokenization import ModelTokenizer
     from routing.contract import GorgoParams
-    from routing.kv_events import decode_batch
-    from routing.kv_index import KVAwareIndex
-    from routing.precise_index import PreciseIndex, block_keys
-    from routing.prefix_index import ApproxPrefixIndex
-    from routing.tokenization import ModelTokenizer
     from simulator.kv_events import BlockRemoved, BlockStored, encode_batch
     from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
     from simulator.text import text_of_tokens

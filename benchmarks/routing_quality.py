@@ -74,8 +74,6 @@ from routing.contract import (
     ModelSpec,
     NodeLiveState,
     NodeSpec,
-    PolicySnapshot,
-    PolicySpec,
     RedisKeys,
     RegionSpec,
     RequestRecord,
@@ -84,9 +82,10 @@ from routing.contract import (
     decode,
     encode,
 )
-from routing.writer import write_snapshot
+from routing.writer import write
 from simulator.harness import free_port, stop_process_group, wait_until
 from simulator.server import oracle_key_of
+from simulator.snapshots import make_node, make_snapshot
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
@@ -332,18 +331,17 @@ def node_specs(topology: Topology, fleet: FleetProc) -> tuple[NodeSpec, ...]:
     for node_id, (spec, node) in enumerate(zip(topology.nodes, fleet.nodes, strict=True), start=1):
         assert spec.name == node["name"]
         specs.append(
-            NodeSpec(
-                id=node_id,
+            make_node(
+                node_id,
+                node["url"],
                 name=spec.name,
                 region=spec.region,
-                base_url=node["url"],
                 models=(spec.model,),
                 gpu_type=spec.gpu_type,
                 gpu_count=spec.gpu_count,
                 max_num_seqs=spec.engine.max_num_seqs,
                 prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
                 kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
-                state="active",
             )
         )
     return tuple(specs)
@@ -379,22 +377,15 @@ def publish_policy(
     )
     client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now_s, entries)))
     model = topology.nodes[0].model
-    snapshot = PolicySnapshot(
-        schema_version=SCHEMA_VERSION,
-        version=1,
-        checksum=uuid.uuid4().hex,
-        published_at=now_s,
-        policy=PolicySpec(
-            id=1,
-            name=f"bench-{algorithm}",
-            algorithm=algorithm,  # type: ignore[arg-type]
-            params=_params(algorithm, overrides or {}),
-        ),
+    snapshot = make_snapshot(
+        nodes,
+        params=_params(algorithm, overrides or {}),
         regions=tuple(RegionSpec(r.slug, r.name, r.latitude, r.longitude) for r in topology.regions),
         models=(ModelSpec(model, topology.nodes[0].engine.block_size, MAX_MODEL_LEN),),
-        nodes=nodes,
+        name=f"bench-{algorithm}",
+        checksum=uuid.uuid4().hex,
     )
-    if not write_snapshot(client, keys, snapshot):
+    if not write(client, keys, snapshot):
         raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
 
 

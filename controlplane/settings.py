@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from routing.env import parse_bool
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -22,12 +24,10 @@ def envbool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false)")
+    try:
+        return parse_bool(raw)  # the gateway's spelling too
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}={exc}") from None
 
 
 def envint(name: str, default: int, *, minimum: int | None = None) -> int:

@@ -13,7 +13,7 @@ import sys
 
 import uvicorn
 
-from routing.config import ConfigError, GatewayConfig
+from routing.config import LOG_LEVELS, ConfigError, GatewayConfig
 from routing.redact import MaskingFilter
 
 _FLAGS = {
@@ -28,16 +28,28 @@ _FLAGS = {
 }
 
 
+# The help states the defaults the configuration itself holds (an unset region is fine here).
+_DEFAULTS = GatewayConfig(region="", gateway_id="")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m routing", description="gorgo routing gateway")
     parser.add_argument("--region", help="region this gateway serves (GORGO_REGION, required)")
-    parser.add_argument("--host", help="bind address (GORGO_GATEWAY_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", help="bind port, 0 for a free one (GORGO_GATEWAY_PORT, default 8100)")
-    parser.add_argument("--workers", help="worker processes (GORGO_GATEWAY_WORKERS, default 1)")
+    parser.add_argument("--host", help=f"bind address (GORGO_GATEWAY_HOST, default {_DEFAULTS.host})")
+    parser.add_argument(
+        "--port", help=f"bind port, 0 for a free one (GORGO_GATEWAY_PORT, default {_DEFAULTS.port})"
+    )
+    parser.add_argument(
+        "--workers", help=f"worker processes (GORGO_GATEWAY_WORKERS, default {_DEFAULTS.workers})"
+    )
     parser.add_argument("--redis-url", help="Redis URL (REDIS_URL)")
-    parser.add_argument("--redis-prefix", help="Redis key prefix (GORGO_REDIS_PREFIX, default gorgo)")
+    parser.add_argument(
+        "--redis-prefix", help=f"Redis key prefix (GORGO_REDIS_PREFIX, default {_DEFAULTS.redis_prefix})"
+    )
     parser.add_argument("--gateway-id", help="id in request records (GORGO_GATEWAY_ID)")
-    parser.add_argument("--log-level", help="debug|info|warning|error|critical (LOG_LEVEL)")
+    parser.add_argument(
+        "--log-level", help=f"{'|'.join(LOG_LEVELS)} (LOG_LEVEL, default {_DEFAULTS.log_level})"
+    )
     args = parser.parse_args(argv)
     for attribute, variable in _FLAGS.items():
         value = getattr(args, attribute)
@@ -62,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=config.workers,
         loop="uvloop",
         # uvicorn's httptools protocol plus limits on heads, slow clients and connections.
-        http="routing.server:GuardedHttpToolsProtocol",
+        http="routing.http.client_side:GuardedHttpToolsProtocol",
         lifespan="on",
         access_log=False,  # the request log and metrics cover it, at a fraction of the cost
         server_header=False,  # the node's Server header passes through

@@ -1,7 +1,7 @@
 """The gateway's ASGI application: a raw ASGI callable, no framework.
 
 A raw app on uvicorn (uvloop + httptools) was chosen by measurement, and the upstream client
-(``routing/upstream.py``) by profile (benchmarks/gateway_overhead.py, docs/gateway.md): a
+(``routing/http/upstream.py``) by profile (benchmarks/gateway_overhead.py, docs/gateway.md): a
 framework's routing, request and response objects cost more per request than this gateway's whole
 routing decision.
 
@@ -21,36 +21,39 @@ from dataclasses import dataclass
 import msgspec
 from redis.asyncio import Redis
 
-from routing.admission import Admission
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import AlgorithmInfo
-from routing.asgi import Receive, Scope, Send, send_response
 from routing.background import run_bounded
-from routing.breaker import Breakers
-from routing.concurrency import ConcurrencyLimiter
+from routing.cache.approx_index import ApproxPrefixIndex
+from routing.cache.kv_aware_index import KVAwareIndex
+from routing.cache.kv_events.collector import KVEventsCollector
+from routing.cache.kv_events.manager import KVEvents
+from routing.cache.kv_events.report import report_kv_state
+from routing.cache.kv_events.subscriber import EventSource
+from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
+from routing.cache.token_ratio import CharsPerToken
+from routing.cache.tokenization import Tokenizers
 from routing.config import GatewayConfig
 from routing.contract import RedisKeys
 from routing.errors import JSON_CONTENT_TYPE, GatewayError
-from routing.frontdoor import FrontDoor
-from routing.inflight import InFlight
-from routing.keystore import KeyStore
-from routing.kv_events import EventSource, KVEvents, KVEventsCollector
-from routing.kv_index import KVAwareIndex
-from routing.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
-from routing.node_probe import NodeProber
-from routing.policy_store import PolicyStore, make_redis
-from routing.prefix_index import ApproxPrefixIndex
-from routing.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
-from routing.proxy import Proxy
-from routing.ratelimit import RateLimiter, make_limiter_redis
-from routing.requestlog import RequestLog
-from routing.server import GuardedHttpToolsProtocol
-from routing.sharing import GatewaySharing
-from routing.table import RoutingTable
-from routing.token_ratio import CharsPerToken
-from routing.tokenization import Tokenizers
-from routing.tracing import GatewayTracing, tracing_from_env
-from routing.upstream import UpstreamClient
+from routing.frontdoor.admission import Admission
+from routing.frontdoor.concurrency import ConcurrencyLimiter
+from routing.frontdoor.front_door import FrontDoor
+from routing.frontdoor.keystore import KeyStore
+from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
+from routing.http.asgi import Receive, Scope, Send, send_response
+from routing.http.client_side import GuardedHttpToolsProtocol
+from routing.http.upstream import UpstreamClient
+from routing.observability.exporter import CONTENT_TYPE, GatewayMetrics, StateCollector
+from routing.observability.request_log import RequestLog
+from routing.observability.tracing import GatewayTracing, tracing_from_env
+from routing.proxy.handler import Proxy
+from routing.resilience.breaker import Breakers
+from routing.resilience.node_probe import NodeProber
+from routing.state.inflight import InFlight
+from routing.state.policy_store import PolicyStore, make_redis
+from routing.state.sharing import GatewaySharing
+from routing.state.table import RoutingTable
 
 logger = logging.getLogger("routing.app")
 
@@ -261,7 +264,9 @@ class Gateway:
         self.runtime.prober.start()
         await sharing.start()
         self._kv_report = asyncio.get_running_loop().create_task(
-            self.kv_events.report(redis, keys, config.gateway_id, config.region, self._kv_report_stop),
+            report_kv_state(
+                self.kv_events, redis, keys, config.gateway_id, config.region, self._kv_report_stop
+            ),
             name="gorgo-kv-state-report",
         )
         # GC tuning, measured under load (benchmarks/gateway_overhead.py): with the default
@@ -398,7 +403,7 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
 
 
 def _client_stats() -> tuple[int, int, int, int]:
-    """This process's client-side counters (``routing.server``; zero when uvicorn's own protocol runs)."""
+    """This process's client-side counters (``routing.http.client_side``; zero when uvicorn's own protocol runs)."""
     stats = GuardedHttpToolsProtocol.stats
     return (
         len(stats.connections),

@@ -15,7 +15,7 @@ All wire documents are JSON (msgspec), so an operator can read them with ``redis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_type_hints
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args, get_type_hints
 
 import msgspec
 
@@ -150,13 +150,19 @@ PREFIX_STREAM_GATEWAY_FIELD = "g"
 class RoundRobinParams(msgspec.Struct, frozen=True, tag="round_robin", forbid_unknown_fields=True):
     """Rotate over eligible nodes in a stable order."""
 
+    label: ClassVar[str] = "Round robin"  # what operators see
+
 
 class LeastLoadParams(msgspec.Struct, frozen=True, tag="least_load", forbid_unknown_fields=True):
     """Pick the node with the fewest outstanding requests (ties: fewer outstanding tokens)."""
 
+    label: ClassVar[str] = "Least load"  # what operators see
+
 
 class SessionAffinityParams(msgspec.Struct, frozen=True, tag="session_affinity", forbid_unknown_fields=True):
     """Consistent hashing on a session key (header, else the OpenAI ``user`` field)."""
+
+    label: ClassVar[str] = "Session affinity"  # what operators see
 
     session_header: Annotated[
         str,
@@ -178,6 +184,8 @@ class PrefixAffinityParams(msgspec.Struct, frozen=True, tag="prefix_affinity", f
     operators run today: geo-DNS to the nearest region, a cache-aware router per region).
     """
 
+    label: ClassVar[str] = "Prefix affinity (cache-aware)"  # what operators see
+
     cache_threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.3
     balance_abs_threshold: Annotated[int, msgspec.Meta(ge=0)] = 64
     balance_rel_threshold: Annotated[float, msgspec.Meta(ge=1.0)] = 1.5
@@ -193,6 +201,8 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     own clients (docs/routing.md, "Coordinated overflow"); 0 is greedy (each request for itself).
     """
 
+    label: ClassVar[str] = "GORGO (network + queue + cache)"  # what operators see
+
     w_rtt: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     w_queue: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
     default_rtt_ms: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 100.0
@@ -200,9 +210,10 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     w_displacement: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
 
 
-# The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name, and
-# everything else (the names, the ``Algorithm`` type, the gateway's registry in
-# ``routing/algorithms``, the control plane's choices, the benchmarks) is derived from it.
+# The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name and its
+# ``label`` what operators see, and everything else (the names, the ``Algorithm`` type, the
+# gateway's registry in ``routing/algorithms``, the control plane's choices, the benchmarks) is
+# derived from it.
 AlgorithmParams = (
     RoundRobinParams | LeastLoadParams | SessionAffinityParams | PrefixAffinityParams | GorgoParams
 )
@@ -296,7 +307,7 @@ class RegionSpec(msgspec.Struct, frozen=True):
 
 
 class TokenizerSpec(msgspec.Struct, frozen=True):
-    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.tokenization)."""
+    """Where a gateway finds a model's tokenizer: paths on the gateway's host (routing.cache.tokenization)."""
 
     tokenizer_path: str  # a Hugging Face tokenizer.json
     chat_template_path: str | None = None  # a Jinja chat template (Hugging Face format)

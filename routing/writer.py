@@ -1,5 +1,9 @@
 """The one writer of the compiled policy snapshot and the client key set: compare-and-set, then announce.
 
+Both documents go through one function (``write``, or ``write_async`` for asyncio clients) and one
+Lua script: only the key, the channel and the announcement differ, and those follow from the
+document's type.
+
 Django-free, beside ``routing/contract.py`` whose key and channel names it uses: the control plane
 publishes through it, and so do the tests and benchmarks that stand in for the control plane, so
 every publisher has the same compare-and-set. A snapshot only replaces an older version, never a
@@ -14,9 +18,15 @@ import redis
 import redis.asyncio as aioredis
 
 from routing import contract
+from routing.algorithms import REGISTRY
 from routing.contract import ClientKeySet, KeySetAnnouncement, PolicyAnnouncement, PolicySnapshot, RedisKeys
 
-# KEYS[1] = current snapshot key; ARGV = snapshot json, version, channel, announcement json.
+# The algorithms the gateways of this tree run, by name: what a publisher may put in a snapshot.
+# The control plane checks it against the contract's ``ALGORITHMS`` at every start (its
+# ``policies.E001`` system check) through here, never reaching into the gateway's own modules.
+GATEWAY_ALGORITHMS = REGISTRY
+
+# KEYS[1] = the document's key; ARGV = its json, its version, its channel, the announcement json.
 # Writes only when the stored snapshot is older (or absent); returns 1 when written.
 SET_IF_NEWER = """
 local current = redis.call('GET', KEYS[1])
@@ -32,29 +42,39 @@ return 1
 """
 
 
-def _script_args(keys: RedisKeys, snapshot: PolicySnapshot) -> tuple[str, int, str, bytes, int, str, bytes]:
-    announcement = PolicyAnnouncement(
-        schema_version=contract.SCHEMA_VERSION, version=snapshot.version, checksum=snapshot.checksum
-    )
+Document = PolicySnapshot | ClientKeySet  # what the writer publishes: the policy, the client keys
+
+
+def _script_args(keys: RedisKeys, document: Document) -> tuple[str, int, str, bytes, int, str, bytes]:
+    """The compare-and-set's arguments for ``document``: its key, its channel, its announcement."""
+    if isinstance(document, PolicySnapshot):
+        key, channel = keys.policy_current, keys.policy_channel
+        announcement: PolicyAnnouncement | KeySetAnnouncement = PolicyAnnouncement(
+            schema_version=contract.SCHEMA_VERSION, version=document.version, checksum=document.checksum
+        )
+    else:
+        key, channel = keys.key_set, keys.key_channel
+        announcement = KeySetAnnouncement(schema_version=contract.SCHEMA_VERSION, version=document.version)
     return (
         SET_IF_NEWER,
         1,
-        keys.policy_current,
-        contract.encode(snapshot),
-        snapshot.version,
-        keys.policy_channel,
+        key,
+        contract.encode(document),
+        document.version,
+        channel,
         contract.encode(announcement),
     )
 
 
-def write_snapshot(client: redis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> bool:
-    """Write ``snapshot`` and announce it unless Redis holds a newer one; True when written."""
-    return bool(client.eval(*_script_args(keys, snapshot)))
+def write(client: redis.Redis, keys: RedisKeys, document: Document) -> bool:
+    """Write ``document`` (the snapshot, or the key set: hashes only) and announce it unless Redis
+    holds a newer one; True when written."""
+    return bool(client.eval(*_script_args(keys, document)))
 
 
-async def write_snapshot_async(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> bool:
-    """``write_snapshot`` for an asyncio Redis client."""
-    return bool(await client.eval(*_script_args(keys, snapshot)))
+async def write_async(client: aioredis.Redis, keys: RedisKeys, document: Document) -> bool:
+    """``write`` for an asyncio Redis client (tests and benchmarks standing in for the control plane)."""
+    return bool(await client.eval(*_script_args(keys, document)))
 
 
 def stored_version(raw: bytes | None) -> int:
@@ -72,34 +92,7 @@ def current_version(client: redis.Redis, keys: RedisKeys) -> int:
     return stored_version(client.get(keys.policy_current))
 
 
-# ---- client keys (issue 12) -------------------------------------------------------------------
-
-# KEYS[1] = key-set key; ARGV = key-set json, version, channel, announcement json.
-# Same compare-and-set as the snapshot: a key set only replaces an older one.
-_SET_KEYS_IF_NEWER = SET_IF_NEWER
-
-
-def _key_set_args(keys: RedisKeys, key_set: ClientKeySet) -> tuple[str, int, str, bytes, int, str, bytes]:
-    announcement = KeySetAnnouncement(schema_version=contract.SCHEMA_VERSION, version=key_set.version)
-    return (
-        _SET_KEYS_IF_NEWER,
-        1,
-        keys.key_set,
-        contract.encode(key_set),
-        key_set.version,
-        keys.key_channel,
-        contract.encode(announcement),
-    )
-
-
-def write_key_set(client: redis.Redis, keys: RedisKeys, key_set: ClientKeySet) -> bool:
-    """Write ``key_set`` (hashes only) and announce it unless Redis holds a newer one; True when written."""
-    return bool(client.eval(*_key_set_args(keys, key_set)))
-
-
-async def write_key_set_async(client: aioredis.Redis, keys: RedisKeys, key_set: ClientKeySet) -> bool:
-    """``write_key_set`` for an asyncio Redis client (tests, benchmarks)."""
-    return bool(await client.eval(*_key_set_args(keys, key_set)))
+# ---- client keys (issue 12): written by ``write`` like the snapshot; their use read back here
 
 
 def read_last_used(client: redis.Redis, keys: RedisKeys) -> dict[str, float]:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("controlplane", "telemetry", "routing", "simulator")
 
 # The project wiring at the top: it mounts every app's URLs and consumers.
-ROOTS = {"controlplane.urls", "controlplane.asgi", "controlplane.routing"}
+ROOTS = {"controlplane.urls", "controlplane.asgi"}
 APP_LAYERS = {
     "controlplane.fleet": "fleet",
     "controlplane.policies": "policies",
@@ -51,6 +51,12 @@ ALLOWED = {
     "simulator": {"routing"},
 }
 OURS = {"controlplane", "telemetry", "routing", "simulator", "tests", "benchmarks"}
+# Of the gateway, the control plane (and telemetry, the dashboard) may import only its face: the
+# contract (wire structs, keys), the one snapshot writer, and the two helpers every gorgo process
+# shares (URL masking in logs, the spelling of environment values). Everything else in ``routing``
+# is the gateway's own, free to move without the control plane noticing.
+ROUTING_FACE = {"routing.contract", "routing.writer", "routing.redact", "routing.env"}
+CONTROL_PLANE = {"core", "fleet", "policies", "keys", "telemetry", "dashboard", "demo", "root"}
 # Migration dependencies name apps by label.
 LABEL_LAYERS = {label: label for label in ("fleet", "policies", "keys", "telemetry", "dashboard", "demo")}
 
@@ -90,9 +96,10 @@ def _imported(module: str, is_package: bool, tree: ast.AST) -> Iterator[tuple[in
                 name = ".".join([*base, node.module] if node.module else base)
             else:
                 name = node.module or ""
-            # ``from controlplane import audit`` imports the module controlplane.audit.
+            # ``from controlplane import audit`` imports the module controlplane.audit (and
+            # ``from routing import contract`` the module routing.contract).
             for alias in node.names:
-                yield node.lineno, f"{name}.{alias.name}" if name in {"controlplane"} else name
+                yield node.lineno, f"{name}.{alias.name}" if name in {"controlplane", "routing"} else name
 
 
 def _migration_labels(tree: ast.AST) -> Iterator[tuple[int, str]]:
@@ -117,6 +124,8 @@ def violations(module: str, source: str, *, is_package: bool = False) -> list[Vi
         other = layer_of(target)
         if other != own and other not in ALLOWED[own]:
             found.append(Violation(module, line, target, f"{own} may not import {other}"))
+        elif other == "routing" and own in CONTROL_PLANE and target not in ROUTING_FACE:
+            found.append(Violation(module, line, target, f"{own} may import only the gateway's face"))
     if ".migrations." in module:
         for line, label in _migration_labels(tree):
             other = LABEL_LAYERS.get(label)
@@ -185,6 +194,15 @@ def test_it_knows_the_layer_of_every_module() -> None:
         ("controlplane.audit", "from .fleet import models\n", "controlplane.fleet"),
         ("controlplane.fleet.admin", "from ..policies import deletion\n", "controlplane.policies"),
         ("telemetry.live", "from tests.conftest import free_port\n", "tests"),
+        # The control plane reaching past the gateway's face (issue 21):
+        ("controlplane.policies.choices", "from routing.algorithms import REGISTRY\n", "routing.algorithms"),
+        (
+            "controlplane.policies.checks",
+            "from routing.algorithms.base import AlgorithmInfo\n",
+            "routing.algorithms",
+        ),
+        ("telemetry.tasks", "from routing import proxy\n", "routing.proxy"),
+        ("controlplane.dashboard.views", "def f():\n    import routing.state.table\n", "routing.state"),
     ],
 )
 def test_it_catches_an_import_pointing_the_wrong_way(module: str, source: str, target: str) -> None:
@@ -205,6 +223,7 @@ def test_it_lets_a_layer_import_below_itself() -> None:
         "from controlplane import audit, connections\n"
         "from controlplane.fleet.models import Node\n"
         "from routing.contract import RedisKeys\n"
+        "from routing import contract, writer\n"
         "def f():\n    from controlplane.keys.models import ClientKey\n"
     )
     assert violations("telemetry.tasks", source) == []

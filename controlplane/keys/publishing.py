@@ -57,7 +57,7 @@ def publish_keys() -> ClientKeySet:
     version = time.time_ns() // 1000  # microseconds: taken before the read, see the module docstring
     key_set = build_key_set(version)
     try:
-        writer.write_key_set(redis_client(), redis_keys(), key_set)
+        writer.write(redis_client(), redis_keys(), key_set)
     except redis.RedisError as exc:
         raise KeyPublishError(
             f"Redis is unreachable; the key change is saved but not yet live ({exc})"

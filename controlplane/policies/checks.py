@@ -7,15 +7,15 @@ from typing import Any
 
 from django.core import checks
 
-from routing.algorithms import REGISTRY
-from routing.algorithms.base import AlgorithmInfo
 from routing.contract import ALGORITHMS
+from routing.writer import GATEWAY_ALGORITHMS
 
 
 def algorithm_registry_errors(
-    registry: Mapping[str, AlgorithmInfo], algorithms: Iterable[str]
+    registry: Mapping[str, Any], algorithms: Iterable[str]
 ) -> list[checks.CheckMessage]:
-    """Errors when the gateway's registry and the contract's algorithms disagree."""
+    """Errors when the gateway's registry (name -> anything with the ``name`` its params give it)
+    and the contract's algorithms disagree."""
     algorithms = set(algorithms)
     errors: list[checks.CheckMessage] = []
     missing = sorted(algorithms - set(registry))
@@ -48,4 +48,4 @@ def algorithm_registry_errors(
 
 
 def check_algorithm_registry(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    return algorithm_registry_errors(REGISTRY, ALGORITHMS)
+    return algorithm_registry_errors(GATEWAY_ALGORITHMS, ALGORITHMS)

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from django.db import models
 
-from routing.algorithms import REGISTRY
+from routing.contract import PARAMS_BY_ALGORITHM
 
-# Routing algorithms a policy can use: exactly the gateway's registry (names from the contract's
-# params structs, labels from the registry), so the two cannot disagree. The ``policies.E001``
-# system check verifies the registry covers the contract's ``ALGORITHMS``.
+# Routing algorithms a policy can use: exactly the contract's (names and labels from its params
+# structs), so the control plane and the gateways cannot disagree. The ``policies.E001`` system
+# check verifies the gateway's registry runs every one of them.
 AlgorithmChoices = models.TextChoices(
-    "AlgorithmChoices", [(info.name.upper(), (info.name, info.label)) for info in REGISTRY.values()]
+    "AlgorithmChoices",
+    [(name.upper(), (name, params.label)) for name, params in PARAMS_BY_ALGORITHM.items()],  # type: ignore[attr-defined]
 )
 
 

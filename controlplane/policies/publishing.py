@@ -176,7 +176,7 @@ def live_version() -> PolicyVersion | None:
 def write_snapshot(snapshot: PolicySnapshot) -> bool:
     """Write a snapshot to Redis and announce it, unless Redis holds a newer one. Raises PublishError."""
     try:
-        return writer.write_snapshot(redis_client(), redis_keys(), snapshot)
+        return writer.write(redis_client(), redis_keys(), snapshot)
     except redis.RedisError as exc:
         raise PublishError(f"could not write the snapshot to Redis: {exc}") from exc
 

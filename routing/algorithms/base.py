@@ -80,9 +80,12 @@ class AlgorithmInfo:
     """
 
     params: type[msgspec.Struct]
-    label: str
     choose: AlgorithmFn
     needs_prefix_matches: bool = False
+
+    @property
+    def label(self) -> str:
+        return str(self.params.label)  # type: ignore[attr-defined]  # every params struct declares one
 
     @property
     def name(self) -> str:

@@ -47,7 +47,7 @@ Guards (each with a test that fails without it; docs/routing.md explains the mec
   the returned ``uncached_tokens`` is what the gateway should count as the request's outstanding
   prefill; and the prefix index scales a node's credit by how many of its predicted hits were real
   (``ApproxPrefixIndex.observe``), so a thrashing node stops attracting "hits" that are misses.
-- herding (Dynamo #589): peer gateways' outstanding work is in the load view (``routing.sharing``);
+- herding (Dynamo #589): peer gateways' outstanding work is in the load view (``routing.state.sharing``);
   near-equal nodes count as ties and wider ties are split by two random choices per gateway, so
   gateways deciding on the same slightly stale view spread instead of all picking the same node.
 """
@@ -262,6 +262,4 @@ def _gateway_seed(gateway_id: str) -> int:
     return zlib.crc32(gateway_id.encode())
 
 
-INFO = AlgorithmInfo(
-    params=GorgoParams, label="GORGO (network + queue + cache)", choose=choose, needs_prefix_matches=True
-)
+INFO = AlgorithmInfo(params=GorgoParams, choose=choose, needs_prefix_matches=True)

@@ -27,4 +27,4 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     return Decision(node=best)
 
 
-INFO = AlgorithmInfo(params=LeastLoadParams, label="Least load", choose=choose)
+INFO = AlgorithmInfo(params=LeastLoadParams, choose=choose)

@@ -74,7 +74,6 @@ def _terms(node_id: int, matched: int, prompt_tokens: int) -> CostTerms:
 
 INFO = AlgorithmInfo(
     params=PrefixAffinityParams,
-    label="Prefix affinity (cache-aware)",
     choose=choose,
     needs_prefix_matches=True,
 )

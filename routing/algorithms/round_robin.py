@@ -16,4 +16,4 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     return Decision(node=candidates[view.sequence % len(candidates)])
 
 
-INFO = AlgorithmInfo(params=RoundRobinParams, label="Round robin", choose=choose)
+INFO = AlgorithmInfo(params=RoundRobinParams, choose=choose)

@@ -53,4 +53,4 @@ def _ring(node_ids: tuple[int, ...], virtual_nodes: int) -> tuple[list[int], lis
     return [point for point, _ in entries], [node_id for _, node_id in entries]
 
 
-INFO = AlgorithmInfo(params=SessionAffinityParams, label="Session affinity", choose=choose)
+INFO = AlgorithmInfo(params=SessionAffinityParams, choose=choose)

@@ -169,15 +169,15 @@ class TestKnownCredentials:
     """The front door remembers credentials it accepted; that must never outlive a key's rights."""
 
     @staticmethod
-    def door(*specs):
+    def door(*specs, clock=time.time):
         from redis.asyncio import Redis
 
-        from routing.concurrency import ConcurrencyLimiter
         from routing.contract import RedisKeys
-        from routing.frontdoor import FrontDoor
-        from routing.keystore import KeyStore
-        from routing.metrics import GatewayMetrics
-        from routing.ratelimit import RateLimiter
+        from routing.frontdoor.concurrency import ConcurrencyLimiter
+        from routing.frontdoor.front_door import FrontDoor
+        from routing.frontdoor.keystore import KeyStore
+        from routing.frontdoor.ratelimit import RateLimiter
+        from routing.observability.exporter import GatewayMetrics
 
         client = Redis()  # never connected: nothing here talks to Redis
         store = KeyStore(client, RedisKeys(prefix="unused"))
@@ -189,11 +189,12 @@ class TestKnownCredentials:
             RateLimiter(client, unused),
             ConcurrencyLimiter(client, unused, "gw-test"),
             GatewayMetrics(),
+            clock=clock,
         )
 
     @staticmethod
     def headers(secret: str):
-        from routing.asgi import scan_request_headers
+        from routing.http.asgi import scan_request_headers
 
         return scan_request_headers(
             [(b"authorization", f"Bearer {secret}".encode())], None, keep_credentials=False
@@ -202,11 +203,12 @@ class TestKnownCredentials:
     def test_an_accepted_key_is_refused_once_it_expires(self):
         import pytest
 
-        from routing.auth import AuthError
+        from routing.frontdoor.auth import AuthError
 
-        door = self.door(make_key(SECRET, expires_at=time.time() + 0.2))
+        now_s = [1_000_000.0]
+        door = self.door(make_key(SECRET, expires_at=now_s[0] + 0.2), clock=lambda: now_s[0])
         assert door.authenticate(self.headers(SECRET)).id == "k1"
-        time.sleep(0.25)
+        now_s[0] += 0.25
         with pytest.raises(AuthError) as refused:
             door.authenticate(self.headers(SECRET))
         assert refused.value.reason == "expired"
@@ -214,7 +216,7 @@ class TestKnownCredentials:
     def test_a_new_key_set_forgets_what_the_old_one_accepted(self):
         import pytest
 
-        from routing.auth import AuthError
+        from routing.frontdoor.auth import AuthError
 
         door = self.door(make_key(SECRET))
         assert door.authenticate(self.headers(SECRET)).id == "k1"
@@ -226,7 +228,7 @@ class TestKnownCredentials:
     def test_refused_credentials_are_not_remembered(self):
         import pytest
 
-        from routing.auth import AuthError
+        from routing.frontdoor.auth import AuthError
 
         door = self.door(make_key(SECRET))
         for index in range(100):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from routing.breaker import HALF_OPEN, OPEN, Breakers, RetryBudget
+from routing.resilience.breaker import HALF_OPEN, OPEN, Breakers, RetryBudget
 
 
 class TestBreakers:

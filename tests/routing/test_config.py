@@ -63,3 +63,9 @@ class TestConfig:
         assert "s3cret" not in repr(config)
         assert "redis://user:***@redis.example:6380/1" in repr(config)
         assert config.redis_url.endswith("s3cret@redis.example:6380/1")
+
+
+def test_it_states_each_default_once_on_the_field_that_holds_it():
+    config = GatewayConfig.from_env(BASE)
+
+    assert config == GatewayConfig(region="eu-central", gateway_id=config.gateway_id)

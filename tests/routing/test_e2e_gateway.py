@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from routing.contract import LeastLoadParams, RedisKeys
-from routing.writer import write_snapshot
+from routing.writer import write as write_snapshot
 from simulator.harness import wait_until
 from tests.routing.support import MODEL, make_node, make_snapshot
 from tests.routing.test_redis_outage import PrivateRedis

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routing.contract import SCHEMA_VERSION, NodeLiveState, ResidencyRule, RTTEntry, RTTTable
-from routing.eligibility import (
+from routing.state.eligibility import (
     RESIDENCY,
     RTT_TOO_HIGH,
     UNHEALTHY,

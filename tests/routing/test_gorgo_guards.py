@@ -13,8 +13,8 @@ import msgspec
 
 from routing.algorithms import gorgo
 from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
+from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import GorgoParams, NodeSpec
-from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
 from tests.routing.support import MODEL, make_node
 
 NOW_S = 1_700_000_000.0

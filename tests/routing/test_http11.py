@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from routing.contract import encode
+from routing.writer import write
 from simulator.harness import wait_until
 from tests.routing.support import MODEL, make_node, make_snapshot
 from tests.routing.test_e2e_gateway import start_gateway
@@ -39,7 +39,7 @@ def fleet(redis_keys, redis_url, processes):
     port = re.search(r"READY (\d+)", process.log()).group(1)
     upstream = f"http://127.0.0.1:{port}"
     client = redis.Redis.from_url(redis_url)
-    client.set(redis_keys.policy_current, encode(make_snapshot((make_node(1, upstream),))))
+    write(client, redis_keys, make_snapshot((make_node(1, upstream),)))
     client.close()
     url = start_gateway(processes, redis_url, redis_keys, env={"GORGO_CLIENT_MAX_HEADERS": "50"})
     host, port = url.removeprefix("http://").split(":")

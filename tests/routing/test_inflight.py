@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from routing.algorithms.base import NodeLoad
-from routing.inflight import InFlight
+from routing.state.inflight import InFlight
 
 
 class TestInFlight:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from routing.prompt import BodyError, parse_body
+from routing.cache.prompt import BodyError, parse_body
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 
 USER = [{"role": "user", "content": "hi"}]

@@ -10,9 +10,11 @@ import aiohttp
 import msgspec
 import pytest
 
-from routing.kv_events import EventSource, KVEvents, decode_batch
-from routing.precise_index import block_keys
-from routing.tokenization import ModelTokenizer
+from routing.cache.kv_events.decoder import decode_batch
+from routing.cache.kv_events.manager import KVEvents
+from routing.cache.kv_events.subscriber import EventSource
+from routing.cache.precise_index import block_keys
+from routing.cache.tokenization import ModelTokenizer
 from simulator.fleet import Fleet
 from simulator.kv_events import (
     AllBlocksCleared,

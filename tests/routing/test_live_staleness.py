@@ -11,7 +11,7 @@ import redis.exceptions
 from routing.algorithms import REGISTRY
 from routing.config import GatewayConfig
 from routing.contract import SCHEMA_VERSION, NodeLiveState, encode
-from routing.policy_store import PolicyStore, make_redis
+from routing.state.policy_store import PolicyStore, make_redis
 from tests.routing.support import make_node, make_snapshot, publish
 
 MODEL_NAME = "meta-llama/Llama-3.1-8B-Instruct"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from array import array
 
-from routing.kv_index import ANCHOR_BLOCKS, KVAwareIndex
-from routing.precise_index import PreciseIndex, block_keys
-from routing.prefix_index import ApproxPrefixIndex
+from routing.cache.approx_index import ApproxPrefixIndex
+from routing.cache.kv_aware_index import ANCHOR_BLOCKS, KVAwareIndex
+from routing.cache.precise_index import PreciseIndex, block_keys
 
 
 def tokens(seed: int, count: int) -> list[int]:

@@ -9,9 +9,9 @@ import sys
 import msgspec
 import pytest
 
+from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex, chunk_hashes
+from routing.cache.prompt import PrefixIndex
 from routing.contract import SCHEMA_VERSION, PrefixUpdate
-from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex, chunk_hashes
-from routing.prompt import PrefixIndex
 from tests.conftest import ROOT
 from tests.routing.support import make_node
 
@@ -37,7 +37,7 @@ def test_it_hashes_full_chunks_only_and_chains_them() -> None:
 
 def test_it_hashes_the_same_in_another_process_with_another_hash_seed() -> None:
     prompt = text("stable", 3) + "é" * 300
-    code = "import sys; from routing.prefix_index import chunk_hashes; print(chunk_hashes(sys.argv[1]))"
+    code = "import sys; from routing.cache.approx_index import chunk_hashes; print(chunk_hashes(sys.argv[1]))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     output = subprocess.run(
         [sys.executable, "-c", code, prompt], cwd=ROOT, env=env, capture_output=True, text=True, check=True

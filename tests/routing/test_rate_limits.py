@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from routing.concurrency import ConcurrencyLimiter
 from routing.contract import RedisKeys
-from routing.ratelimit import RateLimiter, make_limiter_redis
+from routing.frontdoor.concurrency import ConcurrencyLimiter
+from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
 from tests.conftest import free_port
 from tests.routing.support import (
     MODEL,
@@ -276,7 +276,7 @@ class TestLeases:
     def test_a_charged_request_never_reads_as_the_full_limit_remaining(self):
         # Seen under `make run`: x-ratelimit-remaining-requests 6000 on a 6000/min key right after a
         # request. The bucket had refilled to full while the gateway still held leased allowance.
-        from routing.ratelimit import _Lease
+        from routing.frontdoor.ratelimit import _Lease
 
         key = make_key(SECRET, requests_per_min=6000, tokens_per_min=100_000)
         # The script's answer: the shared buckets full again (less this request), 59 requests and

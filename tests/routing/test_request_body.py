@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from routing.prompt import BodyError, parse_body
+from routing.cache.prompt import BodyError, parse_body
 
 
 def chat(messages, **extra) -> bytes:

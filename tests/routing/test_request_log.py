@@ -7,8 +7,8 @@ import time
 import pytest
 
 from routing.contract import SCHEMA_VERSION, RequestRecord, decode
-from routing.policy_store import make_redis
-from routing.requestlog import RequestLog
+from routing.observability.request_log import RequestLog
+from routing.state.policy_store import make_redis
 from simulator.harness import free_port
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from routing.cache.approx_index import ApproxPrefixIndex
 from routing.contract import GorgoParams, LeastLoadParams, RequestRecord, SessionAffinityParams, decode
-from routing.prefix_index import ApproxPrefixIndex
 from tests.routing.support import (
     MODEL,
     gateway_config,

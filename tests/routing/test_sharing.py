@@ -11,11 +11,11 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 
-from routing import sharing as sharing_module
 from routing.algorithms.base import NodeLoad
+from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
-from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
-from routing.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
+from routing.state import sharing as sharing_module
+from routing.state.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
 from simulator.harness import free_port
 
 FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
+from routing.cache.token_ratio import CHANGE_BAND, MIN_OBSERVATIONS, CharsPerToken
 from routing.contract import GorgoParams, RequestRecord, decode
-from routing.prefix_index import CHUNK_BYTES, ApproxPrefixIndex
-from routing.token_ratio import CHANGE_BAND, MIN_OBSERVATIONS, CharsPerToken
 from simulator.fleet import Fleet
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.routing.support import (

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from routing.contract import GorgoParams
-from routing.tracing import GatewayTracing, tracing_enabled
+from routing.observability.tracing import GatewayTracing, tracing_enabled
 from simulator.fleet import Fleet
 from simulator.harness import wait_until
 from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
@@ -50,7 +50,7 @@ def test_it_imports_no_opentelemetry_when_off() -> None:
     code = (
         "import sys\n"
         "from routing.app import create_app\n"
-        "from routing.tracing import tracing_from_env\n"
+        "from routing.observability.tracing import tracing_from_env\n"
         "assert tracing_from_env('us-east', 'gw', {}) is None\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )

@@ -1,4 +1,4 @@
-"""The gateway's own upstream client (routing/upstream.py) and its fixed-delay timers, on real sockets."""
+"""The gateway's own upstream client (routing/http/upstream.py) and its fixed-delay timers, on real sockets."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import asyncio
 import pytest
 
 from routing.deadlines import FixedDelay
-from routing.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
+from routing.http.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
 from simulator.harness import free_port
+from tests.routing.manual_loop import ManualLoop
+from tests.routing.support import wait_for
 
 CHAT = "/v1/chat/completions"
 
@@ -111,7 +113,7 @@ async def test_a_body_delimited_by_the_close_is_read_whole_and_the_connection_no
         upstream = client()
         response = await upstream.request(make_target(url + CHAT), b"", b"{}")
         assert await response.read() == b'{"a":1}'
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: upstream.open_connections() == 0)  # the close is processed
         assert upstream.open_connections() == 0
         await upstream.close()
 
@@ -126,7 +128,7 @@ async def test_large_bodies_arrive_whole_read_at_once_or_chunk_by_chunk():
         upstream = client()
         target = make_target(url + CHAT)
         response = await upstream.request(target, b"", b"{}")
-        await asyncio.sleep(0.2)  # let it all arrive (and reading pause) before asking
+        await wait_for(lambda: response._paused)  # past the high-water mark: reading paused before asking
         assert await response.read() == big
         response = await upstream.request(target, b"", b"{}")
         received = b""
@@ -144,14 +146,14 @@ async def test_a_refused_connection_is_connect_failed():
 
 
 async def test_fixed_delay_timers_fire_in_order_and_cancelled_ones_not():
-    loop = asyncio.get_running_loop()
+    loop = ManualLoop()
     timers = FixedDelay(0.05)
     fired: list[int] = []
-    entries = [timers.call(loop, lambda i=i: fired.append(i)) for i in range(5)]
+    entries = [timers.call(loop, lambda i=i: fired.append(i)) for i in range(5)]  # type: ignore[arg-type]
     entries[0].cancel()
     entries[3].cancel()
-    await asyncio.sleep(0.15)
+    loop.advance(0.15)
     assert fired == [1, 2, 4]
-    timers.call(loop, lambda: fired.append(9))
-    await asyncio.sleep(0.1)
+    timers.call(loop, lambda: fired.append(9))  # type: ignore[arg-type]
+    loop.advance(0.1)
     assert fired == [1, 2, 4, 9]

@@ -15,7 +15,8 @@ import sys
 import pytest
 import redis
 
-from routing.contract import GatewayLoad, decode, encode
+from routing.contract import GatewayLoad, decode
+from routing.writer import write
 from simulator.harness import free_port, wait_until
 from tests.routing.support import make_node, make_snapshot
 from tests.routing.test_http11 import Reader, body, request
@@ -33,7 +34,7 @@ def test_two_workers_serve_one_port_and_share_what_they_have_in_flight(redis_key
     )
     port = re.search(r"READY (\d+)", upstream_process.log()).group(1)
     client = redis.Redis.from_url(redis_url)
-    client.set(redis_keys.policy_current, encode(make_snapshot((make_node(1, f"http://127.0.0.1:{port}"),))))
+    write(client, redis_keys, make_snapshot((make_node(1, f"http://127.0.0.1:{port}"),)))
     gateway_port = free_port()
     processes.start(
         "gateway",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import redis
 
 from routing import contract
-from routing.contract import PolicyAnnouncement, PolicySnapshot, RedisKeys
-from routing.writer import current_version, write_snapshot
+from routing.contract import ClientKeySet, KeySetAnnouncement, PolicyAnnouncement, PolicySnapshot, RedisKeys
+from routing.writer import current_version
+from routing.writer import write as write_snapshot
 from tests.routing.support import make_node, make_snapshot
 
 
@@ -44,3 +45,20 @@ def test_it_replaces_an_unreadable_document(redis_url: str, redis_keys: RedisKey
 
     assert write_snapshot(client, redis_keys, make_snapshot((make_node(1),), version=1))
     assert current_version(client, redis_keys) == 1
+
+
+def test_it_writes_the_key_set_through_the_same_compare_and_set(
+    redis_url: str, redis_keys: RedisKeys
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(redis_keys.key_channel)
+    pubsub.get_message(timeout=1.0)  # the subscribe confirmation
+
+    assert write_snapshot(client, redis_keys, ClientKeySet(contract.SCHEMA_VERSION, 7, 0.0, ()))
+    assert not write_snapshot(client, redis_keys, ClientKeySet(contract.SCHEMA_VERSION, 6, 0.0, ()))
+
+    assert contract.decode(client.get(redis_keys.key_set), ClientKeySet).version == 7
+    message = pubsub.get_message(timeout=2.0)
+    assert message is not None and contract.decode(message["data"], KeySetAnnouncement).version == 7
+    assert client.get(redis_keys.policy_current) is None  # the key set never lands on the policy's key

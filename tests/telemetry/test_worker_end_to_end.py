@@ -276,7 +276,7 @@ def test_real_workers_measure_the_emulated_fleet(stack):
         "WHERE n.name = 'ap-south-1' ORDER BY e.ts",
     )
     assert events[-1] == ("healthy", "unhealthy")
-    from routing.eligibility import UNHEALTHY, exclusion_reason
+    from routing.state.eligibility import UNHEALTHY, exclusion_reason
 
     live, _ = live_state(stack)
     victim_id = next(pk for pk, name in names.items() if name == "ap-south-1")

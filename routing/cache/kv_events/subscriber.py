@@ -1,0 +1,264 @@
+"""The gateway's subscriber to vLLM's KV-cache events (``--kv-events-config``), one per node.
+
+The frames and batches are decoded by ``decoder``. Each ``NodeSubscriber`` (an asyncio task on the
+gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decides the node's
+**mode**:
+
+- ``precise`` while its SUB socket is connected, its sequence is in order and its events are
+  fresh (lag under ``MAX_LAG_S``). With a replay endpoint, from when the replay of what the node
+  already holds is done; without one, from the connection (blocks stored before it stay unknown:
+  an under-estimate);
+- ``approximate`` otherwise: before the first connection, while disconnected (the node may be
+  restarting), for ``RESYNC_S`` after a sequence gap that replay could not fill (the index then
+  restarts empty), and while events lag.
+
+Sequence rules: every (re)connection empties the node and replays from 0 (a reconnect may be a
+restarted vLLM: new hashes, new sequence), a sequence number lower than expected means the
+publisher restarted (empty, replay from 0), a higher one is a gap (replay from the expected one;
+if the publisher's buffer no longer has it, empty and count it). ``AllBlocksCleared`` empties it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import zmq
+import zmq.asyncio
+
+from routing.cache.kv_events.decoder import BatchError, Removed, Stored, decode_batch
+from routing.cache.precise_index import PreciseIndex
+
+logger = logging.getLogger("routing.kv_events")
+
+Mode = Literal["precise", "approximate"]
+MAX_LAG_S = 5.0  # events older than this on arrival: the node is treated as approximate
+RESYNC_S = 30.0  # after an unrecoverable gap, approximate for this long while the index refills
+REPLAY_TIMEOUT_S = 2.0
+END_SEQ = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-node statistics (metrics and the dashboard read them)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class NodeEventStats:
+    received: int = 0  # events received (in decodable batches)
+    applied: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    gaps: int = 0
+    replays: int = 0
+    resets: int = 0
+    last_lag_s: float | None = None
+    last_event_at: float | None = None  # unix s of the last batch received
+    connected: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    """Where one node publishes (from the snapshot's ``NodeSpec.kv_events_endpoint``)."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# One node's subscriber
+# ---------------------------------------------------------------------------------------------
+
+
+class NodeSubscriber:
+    """Keeps one node's blocks in the shared index from its event stream."""
+
+    def __init__(
+        self,
+        node_id: int,
+        source: EventSource,
+        index: PreciseIndex,
+        context: zmq.asyncio.Context,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_id = node_id
+        self.source = source
+        self.stats = NodeEventStats()
+        self._index = index
+        self._ctx = context
+        self._clock = clock
+        self._expected: int | None = None
+        self._resync_until = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # ---- mode ---------------------------------------------------------------------------------
+
+    def mode(self, now_s: float) -> Mode:
+        stats = self.stats
+        if not stats.connected or now_s < self._resync_until:
+            return "approximate"
+        if self._expected is None and self.source.replay_endpoint:
+            return "approximate"  # the replay of what it already holds is not done yet
+        if stats.last_lag_s is not None and stats.last_lag_s > MAX_LAG_S:
+            return "approximate"
+        return "precise"
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"gorgo-kv-events-{self.node_id}"
+        )
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._index.forget_node(self.node_id)
+
+    async def _run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.RECONNECT_IVL, 100)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(self.source.endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    await self._on_monitor(await monitor.recv_multipart())
+                if sub in ready:
+                    frames = await sub.recv_multipart()
+                    if len(frames) != 3 or len(frames[1]) != 8:
+                        self.stats.dropped["malformed"] += 1
+                        continue
+                    await self._on_message(int.from_bytes(frames[1], "big", signed=True), frames[2])
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # pragma: no cover - a bug; the node falls back to the approximate index
+            logger.exception("KV-event subscriber of node %s failed", self.node_id)
+            self.stats.connected = False
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _on_monitor(self, frames: list[bytes]) -> None:
+        event = int.from_bytes(frames[0][:2], "little")
+        if event == zmq.EVENT_CONNECTED:
+            # A (re)connection may be a restarted node: start over from what it can replay.
+            self._reset(count=False)
+            self.stats.connected = True
+            if self.source.replay_endpoint:
+                await self._replay(0)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.stats.connected = False
+
+    def _reset(self, *, count: bool) -> None:
+        self._index.clear(self.node_id)
+        self._expected = None
+        if count:
+            self.stats.resets += 1
+
+    async def _on_message(self, seq: int, payload: bytes) -> None:
+        expected = self._expected
+        if expected is None:
+            self._expected = seq  # the first message (no replay, or it failed): start here
+        elif seq < expected:
+            return  # already applied through replay
+        elif seq > expected:
+            self.stats.gaps += 1
+            if not (self.source.replay_endpoint and await self._replay(expected, until=seq)):
+                # The publisher no longer has what was missed: start again, approximate a while.
+                self.stats.dropped["gap"] += seq - expected
+                self._reset(count=True)
+                self._resync_until = self._clock() + RESYNC_S
+            self._expected = seq
+        self._apply(seq, payload)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        stats = self.stats
+        try:
+            batch = decode_batch(payload)
+        except BatchError:
+            stats.dropped["malformed"] += 1
+            self._expected = seq + 1
+            return
+        now = self._clock()
+        stats.received += len(batch.events) + batch.unknown
+        stats.last_event_at = now
+        stats.last_lag_s = max(0.0, now - batch.ts)
+        if batch.unknown:
+            stats.dropped["unknown_event"] += batch.unknown
+        index = self._index
+        node_id = self.node_id
+        for event in batch.events:
+            if isinstance(event, Stored):
+                unkeyed = index.store(
+                    node_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                )
+                if unkeyed:
+                    stats.dropped["unknown_parent"] += 1
+                    continue
+            elif isinstance(event, Removed):
+                index.remove(node_id, event.block_hashes)
+            else:
+                index.clear(node_id)
+            stats.applied += 1
+        self._expected = seq + 1
+
+    async def _replay(self, start: int, until: int | None = None) -> bool:
+        """Apply the publisher's buffered batches from ``start`` (below ``until``).
+
+        False when the replay timed out, or when ``start`` > 0 and the buffer no longer reaches
+        back to it. From 0, whatever the buffer holds is the best there is: True.
+        """
+        self.stats.replays += 1
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.source.replay_endpoint or "")
+        loop = asyncio.get_running_loop()
+        try:
+            await dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            deadline = loop.time() + REPLAY_TIMEOUT_S
+            first = True
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await dealer.poll(remaining * 1000):
+                    logger.warning("KV-event replay from node %s timed out", self.node_id)
+                    return False
+                frames = await dealer.recv_multipart()
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    continue
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                if seq == END_SEQ:
+                    if self._expected is None and start == 0:
+                        self._expected = 0  # nothing was ever published: known empty
+                    return True
+                if first:
+                    first = False
+                    if start > 0 and seq > start:
+                        return False  # the buffer begins after what was missed
+                if until is not None and seq >= until:
+                    continue  # the live stream delivers these
+                if self._expected is None or seq >= self._expected:
+                    self._apply(seq, frames[2])
+        finally:
+            dealer.close(linger=0)

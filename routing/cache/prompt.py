@@ -1,0 +1,256 @@
+"""What the gateway reads from a request body, and the prefix-index hook.
+
+The gateway forwards the client's body bytes unchanged; it decodes only the few fields it routes by
+(model, stream, the prompt, ``user``) into small msgspec structs, which skip everything else at C
+speed.
+
+The "prompt text" is a stable rendering of the prompt: for chat, each message's role and content
+in order, so two conversations that share their first turns share a prefix of the text. Prefix
+indexes (``PrefixIndex``) match on that text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal, Protocol
+
+import msgspec
+
+from routing.contract import NodeSpec
+
+Endpoint = Literal["chat", "completions"]
+
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+
+class ContentPart(msgspec.Struct):
+    """One part of a multi-part chat message; only text parts count toward the prompt."""
+
+    type: str = ""
+    text: str | None = None
+
+
+# The roles OpenAI's API and vLLM's chat templates know; anything else is a 400 there too.
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class ChatMessage(msgspec.Struct):
+    role: Role
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+# The sampling fields vLLM validates itself (its 400s), checked here at C speed by msgspec so
+# a bad request never costs a node round trip. Every other field passes through unread.
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Count = Annotated[int, msgspec.Meta(ge=1, le=128)]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Sampling(msgspec.Struct):
+    """Fields both endpoints share."""
+
+    model: str
+    stream: bool | None = None
+    user: str | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Count | None = None
+    max_tokens: MaxTokens | None = None
+    stop: str | list[str] | None = None
+    stream_options: StreamOptions | None = None
+
+
+class ChatBody(_Sampling):
+    """The fields of a ``/v1/chat/completions`` body the gateway routes by or validates."""
+
+    messages: list[ChatMessage] = []
+    max_completion_tokens: MaxTokens | None = None
+
+
+class CompletionBody(_Sampling):
+    """The fields of a ``/v1/completions`` body the gateway routes by or validates."""
+
+    prompt: str | list[str | int | list[int]] | None = None
+
+
+_chat_decoder = msgspec.json.Decoder(ChatBody)
+_completion_decoder = msgspec.json.Decoder(CompletionBody)
+
+
+class BodyError(ValueError):
+    """The body is not JSON, or lacks (or mistypes) a field the gateway needs."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """The routing-relevant part of one request."""
+
+    model: str
+    stream: bool
+    prompt_text: str
+    prompt_tokens_exact: int | None  # a token-id prompt tells us its length exactly
+    user: str | None
+    max_tokens: int | None = None
+
+    @property
+    def prompt_chars(self) -> int:
+        return len(self.prompt_text)
+
+    def prompt_tokens_est(self, chars_per_token: float) -> int:
+        if self.prompt_tokens_exact is not None:
+            return self.prompt_tokens_exact
+        return int(len(self.prompt_text) / chars_per_token + 0.5)
+
+
+def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
+    """Decode the routing fields of a request body; raise ``BodyError`` with a client-facing message."""
+    try:
+        if endpoint == "chat":
+            chat = _chat_decoder.decode(body)
+            if not chat.messages:
+                raise BodyError("'messages' must contain at least one message", "messages")
+            fields: _Sampling = chat
+            parsed = ParsedRequest(
+                chat.model,
+                bool(chat.stream),
+                render_messages(chat.messages),
+                None,
+                chat.user,
+                chat.max_completion_tokens or chat.max_tokens,
+            )
+        else:
+            completion = fields = _completion_decoder.decode(body)
+            if completion.prompt is None:
+                raise BodyError("Invalid request body: Object missing required field `prompt`", "prompt")
+            text, exact = render_prompt(completion.prompt)
+            parsed = ParsedRequest(
+                completion.model, bool(completion.stream), text, exact, completion.user, completion.max_tokens
+            )
+    except msgspec.ValidationError as exc:
+        raise BodyError(_describe_validation(exc), _param_of(exc)) from None
+    except msgspec.DecodeError:
+        raise BodyError("The request body is not valid JSON.") from None
+    except UnicodeDecodeError:
+        # msgspec hands back strings it has not checked; the first use of a non-UTF-8 one fails.
+        raise BodyError("The request body is not valid UTF-8 JSON.", _param_of_bad_utf8(body)) from None
+    except RecursionError:
+        raise BodyError("The request body nests JSON too deeply.") from None
+    if not parsed.model:
+        raise BodyError("'model' must be a non-empty string", "model")
+    if fields.stream_options is not None and not parsed.stream:
+        raise BodyError("Stream options can only be defined when `stream=True`.", "stream_options")
+    return parsed
+
+
+def render_messages(messages: Sequence[ChatMessage]) -> str:
+    """Render chat messages as role-tagged text, in order (a stable prefix for shared history)."""
+    parts: list[str] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content if part.text is not None)
+        parts.append(f"<|{message.role}|>\n{content or ''}\n")
+    return "".join(parts)
+
+
+def render_prompt(prompt: str | list[str | int | list[int]]) -> tuple[str, int | None]:
+    """Render a completions prompt; token-id prompts also return their exact token count."""
+    if isinstance(prompt, str):
+        return prompt, None
+    if all(isinstance(item, str) for item in prompt):
+        return "\n".join(prompt), None  # type: ignore[arg-type]
+    ids: list[int] = []
+    for item in prompt:
+        if isinstance(item, int):
+            ids.append(item)
+        elif isinstance(item, list):
+            ids.extend(item)
+        else:
+            raise BodyError("'prompt' mixes text and token ids", "prompt")
+    return " ".join(map(str, ids)), len(ids)
+
+
+def _describe_validation(exc: msgspec.ValidationError) -> str:
+    # msgspec says e.g. "Object missing required field `model`" or "Expected `str`, got `int` -
+    # at `$.model`": precise, and free of internals, so it is safe to show the client.
+    return f"Invalid request body: {exc}"
+
+
+def _param_of_bad_utf8(body: bytes) -> str | None:
+    """The field holding the first invalid UTF-8 string (error path only, so it may be slow)."""
+    try:
+        document = msgspec.json.decode(body.decode("utf-8", "replace"))
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    pending: list[tuple[str, object]] = [("", document)]
+    while pending:
+        path, value = pending.pop(0)
+        if isinstance(value, str):
+            if "\ufffd" in value:
+                return path or None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if "\ufffd" in key:
+                    return path or None
+                pending.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+    return None
+
+
+def _param_of(exc: msgspec.ValidationError) -> str | None:
+    text = str(exc)
+    if "at `$." in text:
+        return text.rsplit("at `$.", 1)[1].rstrip("`")
+    if "required field `" in text:
+        return text.rsplit("required field `", 1)[1].rstrip("`")
+    return None
+
+
+class PrefixIndex(Protocol):
+    """Estimates how much of a prompt each node already holds in its KV cache.
+
+    The gateway calls ``match`` before routing and ``insert`` after each decision (both only while
+    the policy's algorithm has ``needs_prefix_matches``), ``observe`` when a node reported how many
+    prompt tokens it had cached, and ``sync_nodes``/``set_chars_per_token`` when a new snapshot
+    arrives. Implementations must be fast and never do I/O in these calls: they run on the
+    request path. ``routing.cache.approx_index.ApproxPrefixIndex`` is the production implementation.
+    """
+
+    def match(
+        self, node_ids: Sequence[int], prompt_text: str, prompt_ids: Sequence[int] | None = None
+    ) -> dict[int, int]:
+        """Node id -> estimated cached prefix length in tokens, for the nodes given.
+
+        ``prompt_ids``: the prompt's token ids, when the model has a tokenizer (precise matching).
+        """
+        ...
+
+    def insert(self, node_id: int, prompt_text: str) -> None:
+        """Record that ``prompt_text`` was sent to ``node_id`` (its cache will hold it)."""
+        ...
+
+    def observe(
+        self, node_id: int, predicted_fraction: float, observed_fraction: float, now_s: float
+    ) -> None:
+        """Feed back the cached fraction the node reported against the one the index predicted."""
+        ...
+
+    def sync_nodes(self, nodes: Iterable[NodeSpec]) -> None:
+        """The fleet changed: size nodes to their KV capacity, forget nodes that left."""
+        ...
+
+    def set_chars_per_token(self, chars_per_token: float) -> None:
+        """The policy's characters-per-token ratio changed."""
+        ...

@@ -1,0 +1,288 @@
+"""A model's prompt as token ids at the gateway: its chat template, then its tokenizer.
+
+Precise prefix matching (``routing.cache.kv_aware_index``) compares the prompt's blocks with the blocks the
+node reported in its KV events, so it needs the token ids the engine computes: the chat template
+applied (vLLM's ``apply_chat_template``), then the tokenizer without added special tokens; for
+completions, the tokenizer with them (Llama's ``<|begin_of_text|>``). Each model in the snapshot may
+name a Hugging Face ``tokenizer.json`` and a Jinja chat template by path (``ModelSpec.tokenizer``);
+the emulated fleet ships both files (``simulator/model_files/``), so emulated and real models run
+the same code. A model without them is routed on the approximate index.
+
+Cost. A Hugging Face tokenizer needs ~1 µs per token (7 ms for 8k tokens), seven times the whole
+routing budget. But the special tokens a chat template puts between messages are split out before
+anything else, so the text between two of them tokenizes on its own: each such segment's ids are
+cached (LRU, bounded in entries and tokens), and a request pays only for segments it is the first
+to bring (a new user turn). A new segment longer than ``cold_budget_chars`` is not tokenized on
+the request path: the ids stop before it (the match can only be shorter: an under-estimate) and
+the segment is tokenized on a worker thread right after, so the next request that carries it
+finds it cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+logger = logging.getLogger("routing.tokenization")
+
+DEFAULT_COLD_BUDGET_CHARS = 4096  # ~1k tokens, ~0.5 ms: what a request may tokenize inline
+CACHE_MAX_SEGMENTS = 4096
+CACHE_MAX_TOKENS = 8_000_000  # ~32 MB of ids
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
+_EOS_NAMES = ("<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer or chat template file is missing or invalid."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptIds:
+    """The prompt's token ids; ``complete`` is False when a long new segment was left out."""
+
+    ids: array  # array("I")
+    complete: bool
+
+
+class _Part(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str = ""
+    content: str | list[_Part] | None = None
+
+
+class _ChatBody(msgspec.Struct):
+    messages: list[_Message] = []
+
+
+class _CompletionBody(msgspec.Struct):
+    prompt: str | list[str | int | list[int]] | None = None
+
+
+_chat_decoder = msgspec.json.Decoder(_ChatBody)
+_completion_decoder = msgspec.json.Decoder(_CompletionBody)
+
+
+class ModelTokenizer:
+    """One model's tokenizer and chat template, with the segment cache."""
+
+    def __init__(
+        self,
+        tokenizer_path: str,
+        chat_template_path: str | None,
+        *,
+        cold_budget_chars: int = DEFAULT_COLD_BUDGET_CHARS,
+        background: ThreadPoolExecutor | None = None,
+    ) -> None:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        self.tokenizer_path = tokenizer_path
+        self.chat_template_path = chat_template_path
+        try:
+            self._tokenizer = Tokenizer.from_file(tokenizer_path)
+        except Exception as exc:
+            raise TokenizerError(f"cannot load tokenizer {tokenizer_path}: {exc}") from None
+        self._template = None
+        if chat_template_path:
+            try:
+                source = Path(chat_template_path).read_text(encoding="utf-8")
+                # Hugging Face's settings for chat templates (transformers' apply_chat_template).
+                environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                environment.globals["raise_exception"] = _raise
+                self._template = environment.from_string(source)
+            except (OSError, TemplateError) as exc:
+                raise TokenizerError(f"cannot load chat template {chat_template_path}: {exc}") from None
+        special = {
+            token.content: token_id
+            for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
+            if token.special
+        }
+        self._special = special
+        self._special_re = (
+            re.compile("(" + "|".join(re.escape(t) for t in sorted(special, key=len, reverse=True)) + ")")
+            if special
+            else None
+        )
+        self._bos = next((name for name in _BOS_NAMES if name in special), "")
+        self._eos = next((name for name in _EOS_NAMES if name in special), "")
+        # What encoding with special tokens adds around a completions prompt (e.g. BOS).
+        self._prefix_ids = array("I", self._tokenizer.encode("", add_special_tokens=True).ids)
+        self._cold_budget = cold_budget_chars
+        self._background = background
+        self._cache: OrderedDict[str, array] = OrderedDict()
+        self._cache_tokens = 0
+        self._queued: set[str] = set()
+        self.cold_segments_deferred = 0
+
+    # ---- the request path ---------------------------------------------------------------------
+
+    def prompt_ids(self, endpoint: str, body: bytes) -> PromptIds | None:
+        """The request's prompt ids, or None when they cannot be known (no template, odd input)."""
+        try:
+            if endpoint == "chat":
+                if self._template is None:
+                    return None
+                chat = _chat_decoder.decode(body)
+                messages = [{"role": m.role, "content": _content_text(m.content)} for m in chat.messages]
+                text = self._template.render(
+                    messages=messages,
+                    add_generation_prompt=True,
+                    bos_token=self._bos,
+                    eos_token=self._eos,
+                )
+                return self.text_ids(text)
+            completion = _completion_decoder.decode(body)
+            prompt = completion.prompt
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = self.text_ids(prompt)
+                return PromptIds(self._prefix_ids + ids.ids, ids.complete)
+            if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+                return PromptIds(array("I", prompt), True)  # type: ignore[arg-type]
+            return None
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+            return None
+        except Exception as exc:  # a template's raise_exception, or a template bug
+            logger.debug("cannot render the prompt for %s: %s", self.tokenizer_path, exc)
+            return None
+
+    def text_ids(self, text: str) -> PromptIds:
+        """Ids of text that may contain special tokens (added tokens are split out first)."""
+        parts = self._special_re.split(text) if self._special_re is not None else [text]
+        ids = array("I")
+        cold_chars = 0
+        cache = self._cache
+        for index, part in enumerate(parts):
+            if not part:
+                continue
+            if index % 2:
+                ids.append(self._special[part])
+                continue
+            cached = cache.get(part)
+            if cached is not None:
+                cache.move_to_end(part)
+                ids.extend(cached)
+                continue
+            cold_chars += len(part)
+            if cold_chars > self._cold_budget:
+                self._defer(part)
+                return PromptIds(ids, False)
+            encoded = self._encode(part)
+            ids.extend(encoded)
+        return PromptIds(ids, True)
+
+    def _encode(self, segment: str) -> array:
+        encoded = array("I", self._tokenizer.encode(segment, add_special_tokens=False).ids)
+        self._remember(segment, encoded)
+        return encoded
+
+    def _remember(self, segment: str, encoded: array) -> None:
+        cache = self._cache
+        if segment in cache:
+            return
+        cache[segment] = encoded
+        self._cache_tokens += len(encoded)
+        while len(cache) > CACHE_MAX_SEGMENTS or self._cache_tokens > CACHE_MAX_TOKENS:
+            _, dropped = cache.popitem(last=False)
+            self._cache_tokens -= len(dropped)
+
+    def _defer(self, segment: str) -> None:
+        self.cold_segments_deferred += 1
+        if self._background is None or segment in self._queued or len(self._queued) > 64:
+            return
+        self._queued.add(segment)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        future = self._background.submit(
+            self._tokenizer.encode_batch_fast, [segment], add_special_tokens=False
+        )
+
+        def store(result: Any) -> None:
+            self._queued.discard(segment)
+            if not result.cancelled() and result.exception() is None:
+                self._remember(segment, array("I", result.result()[0].ids))
+
+        def done(result: Any) -> None:
+            # The cache belongs to the event loop's thread: hand the result over to it.
+            if loop is None:
+                store(result)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(store, result)
+
+        future.add_done_callback(done)
+
+
+def _content_text(content: str | list[_Part] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.text for part in content if part.text is not None)
+
+
+def _raise(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
+
+
+class Tokenizers:
+    """Model name -> its ``ModelTokenizer``, following the snapshot; files loaded once per path."""
+
+    def __init__(self, *, cold_budget_chars: int = DEFAULT_COLD_BUDGET_CHARS) -> None:
+        self._by_model: dict[str, ModelTokenizer] = {}
+        self._by_paths: dict[tuple[str, str | None], ModelTokenizer] = {}
+        self._cold_budget = cold_budget_chars
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gorgo-tokenize")
+        self.errors: dict[str, str] = {}  # model -> why its tokenizer could not be loaded
+
+    def get(self, model: str) -> ModelTokenizer | None:
+        return self._by_model.get(model)
+
+    def prompt_ids(self, model: str, endpoint: str, body: bytes) -> PromptIds | None:
+        """The request's prompt ids; None when the model has no (loadable) tokenizer."""
+        tokenizer = self._by_model.get(model)
+        return tokenizer.prompt_ids(endpoint, body) if tokenizer is not None else None
+
+    def sync(self, specs: Mapping[str, tuple[str, str | None]]) -> None:
+        """``specs``: model -> (tokenizer path, chat template path). Bad files are logged, skipped."""
+        by_paths: dict[tuple[str, str | None], ModelTokenizer] = {}
+        by_model: dict[str, ModelTokenizer] = {}
+        errors: dict[str, str] = {}
+        for model, paths in specs.items():
+            tokenizer = by_paths.get(paths) or self._by_paths.get(paths)
+            if tokenizer is None:
+                try:
+                    tokenizer = ModelTokenizer(
+                        paths[0], paths[1], cold_budget_chars=self._cold_budget, background=self._background
+                    )
+                except TokenizerError as exc:
+                    logger.warning("model %s is routed on the approximate index: %s", model, exc)
+                    errors[model] = str(exc)
+                    continue
+            by_paths[paths] = tokenizer
+            by_model[model] = tokenizer
+        self._by_paths = by_paths
+        self._by_model = by_model
+        self.errors = errors
+
+    def close(self) -> None:
+        self._background.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,149 @@
+"""The front door of the inference endpoints: client key, scope, concurrency and rate limits.
+
+``Proxy`` calls ``authenticate`` before reading a body (a stranger's body is not worth reading),
+``admit`` once the model and prompt size are known, and ``done`` when the request is over. Each
+refusal is counted (``gorgo_gateway_auth_failures_total``, ``gorgo_gateway_rate_limited_total``).
+The only I/O is the rate limiter's one Redis call, and only for keys that have limits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from routing.contract import ClientKeySpec
+from routing.errors import GatewayError
+from routing.frontdoor.auth import AuthError, authenticate, authorize, presented_secret
+from routing.frontdoor.concurrency import ConcurrencyLimiter
+from routing.frontdoor.keystore import KeyStore
+from routing.frontdoor.ratelimit import RateLimiter
+from routing.http.asgi import RequestHeaders
+from routing.http.usage import Usage
+from routing.observability.exporter import GatewayMetrics
+
+CONCURRENCY = "concurrency"
+# Credentials already checked against the current key set, at most this many (then forgotten).
+_KNOWN_CREDENTIALS_MAX = 10_000
+
+
+class Grant:
+    """What ``admit`` granted one request: undone by ``done``."""
+
+    __slots__ = ("charged_tokens", "headers")
+
+    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None) -> None:
+        self.charged_tokens = charged_tokens
+        self.headers = headers
+
+
+class FrontDoor:
+    """Client keys and their limits, for one gateway process."""
+
+    def __init__(
+        self,
+        region: str,
+        store: KeyStore,
+        limiter: RateLimiter,
+        concurrency: ConcurrencyLimiter,
+        metrics: GatewayMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._region = region
+        self._clock = clock  # unix seconds: key expiry; tests pass one they can move
+        self.store = store
+        self.limiter = limiter
+        self.concurrency = concurrency
+        self._metrics = metrics
+        # (Authorization, api-key) header values -> the key they named in the key set
+        # ``_known_for``: a returning client skips parsing and hashing its secret. Only accepted
+        # credentials are kept (a stranger cannot fill it), and a new key set empties it, so a
+        # revoked key is refused from the next key set on. Expiry is checked on every request.
+        self._known: dict[tuple[bytes | None, bytes | None], ClientKeySpec] = {}
+        self._known_for: object = None
+
+    def authenticate(self, headers: RequestHeaders) -> ClientKeySpec:
+        credential = (headers.authorization, headers.api_key)
+        by_hash = self.store.by_hash
+        if self._known_for is by_hash:
+            key = self._known.get(credential)
+            if key is not None and (key.expires_at is None or key.expires_at > self._clock()):
+                return key
+        else:
+            self._known = {}
+            self._known_for = by_hash
+        try:
+            key = authenticate(
+                self.store, presented_secret(headers.authorization, headers.api_key), self._clock()
+            )
+        except AuthError as exc:
+            self._metrics.auth_failure(exc.reason)
+            raise
+        if len(self._known) >= _KNOWN_CREDENTIALS_MAX:
+            self._known = {}
+        self._known[credential] = key
+        return key
+
+    async def admit(self, key: ClientKeySpec, model: str, prompt_tokens_est: int) -> Grant:
+        """Scope, concurrency and rate checks; the request counts toward the key's limits after."""
+        if key.models or key.regions:
+            try:
+                authorize(key, model, self._region)
+            except AuthError as exc:
+                self._metrics.auth_failure(exc.reason)
+                raise
+        slot = key.max_concurrent is not None
+        if slot and not await self.concurrency.acquire(key):
+            self._metrics.rate_limited(key.id, CONCURRENCY)
+            raise GatewayError(
+                429,
+                f"Too many concurrent requests for API key {key.id} (limit {key.max_concurrent}).",
+                code="rate_limit_exceeded",
+                retry_after_s=1,
+            )
+        headers = None
+        charged = 0
+        if key.requests_per_min or key.tokens_per_min:
+            headers = self.limiter.from_lease(key, prompt_tokens_est)  # the common case: no I/O
+            if headers is None:
+                try:
+                    headers = await self._check(key, prompt_tokens_est)
+                except BaseException:
+                    if slot:
+                        self.concurrency.release(key)
+                    raise
+            charged = prompt_tokens_est if key.tokens_per_min else 0
+        self.store.used.add(key.id)
+        return Grant(charged, headers)
+
+    async def _check(self, key: ClientKeySpec, prompt_tokens_est: int) -> list[tuple[bytes, bytes]]:
+        """The rate limits when this gateway's lease does not cover the request: Redis; 429 if used up."""
+        verdict = await self.limiter.check(key, prompt_tokens_est)
+        if not verdict.allowed:
+            self._metrics.rate_limited(key.id, verdict.reason or "requests")
+            limit = key.requests_per_min if verdict.reason == "requests" else key.tokens_per_min
+            raise GatewayError(
+                429,
+                f"Rate limit reached for API key {key.id} on {verdict.reason} per min: limit {limit}. "
+                f"Please try again in {verdict.retry_after_s:.3g}s.",
+                code="rate_limit_exceeded",
+                retry_after_s=verdict.retry_after_s,
+                extra_headers=verdict.headers,
+            )
+        return verdict.headers
+
+    def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:
+        """The request is over: free its concurrency slot, settle its tokens, count it."""
+        self._metrics.key_request(key.id, key.priority, status)
+        if grant is None:
+            return
+        if key.max_concurrent is not None:  # the same key object admit took a slot for
+            self.concurrency.release(key)
+        if grant.charged_tokens or key.tokens_per_min:
+            if usage is not None and usage.prompt_tokens is not None:
+                used = usage.prompt_tokens + (usage.completion_tokens or 0)
+            elif status >= 400:
+                used = 0  # nothing was generated: give the charge back
+            else:
+                return  # a stream without a usage event: the estimate stands
+            self.limiter.settle(key, grant.charged_tokens, used)

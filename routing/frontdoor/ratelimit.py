@@ -1,0 +1,383 @@
+"""Per-key request and token rate limits, shared by every gateway through Redis.
+
+Two token buckets per key (requests per minute, tokens per minute) in one Redis hash, checked and
+charged atomically by one Lua script: one round trip per request, none for a key without limits.
+The clock is Redis's (``TIME``), so gateways with skewed clocks share one notion of "now". A bucket
+holds at most a minute's allowance and refills continuously; an idle key's hash expires.
+
+Tokens are charged up front from the prompt estimate, then settled with the node's ``usage``
+(prompt + completion) in batches off the request path; a bucket may go negative after a long
+answer, which makes the key wait.
+
+When Redis is unreachable (or slower than ``GORGO_RATELIMIT_REDIS_TIMEOUT_S``), each gateway enforces the same limits on its
+own (``LocalBuckets``), never "unlimited"; so during an outage a fleet of N gateways admits at most
+N times a key's limit. After a failure Redis is skipped for ``retry_after_s`` so requests do not
+each pay a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from routing.background import sleep_unless, stop_tasks
+from routing.contract import ClientKeySpec, RedisKeys
+
+logger = logging.getLogger("routing.ratelimit")
+
+_WINDOW_MS = 60_000  # limits are per minute
+
+# KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
+# extra requests and extra tokens to lease for the gateway's next requests (only what is there).
+# Returns {allowed, reason (0 none, 1 requests, 2 tokens), requests left, ms to full, tokens left,
+# ms to full, ms until the request could pass, extra requests leased, extra tokens leased}.
+_CHECK = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local rpm = tonumber(ARGV[1])
+local tpm = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local state = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
+local function level(limit, value, at)
+  if limit <= 0 then return 0 end
+  if not value then return limit end
+  return math.min(limit, tonumber(value) + (now - tonumber(at)) * limit / 60000)
+end
+local r = level(rpm, state[1], state[2])
+local t = level(tpm, state[3], state[4])
+if tpm > 0 and cost > tpm then cost = tpm end
+local reason = 0
+local wait = 0
+if rpm > 0 and r < 1 then
+  reason = 1
+  wait = (1 - r) * 60000 / rpm
+end
+if tpm > 0 and t < cost then
+  local token_wait = (cost - t) * 60000 / tpm
+  if reason == 0 or token_wait > wait then reason = 2 end
+  if token_wait > wait then wait = token_wait end
+end
+local extra_r = 0
+local extra_t = 0
+if reason == 0 then
+  if rpm > 0 then
+    r = r - 1
+    extra_r = math.max(0, math.min(tonumber(ARGV[4]), math.floor(r)))
+    r = r - extra_r
+  end
+  if tpm > 0 then
+    t = t - cost
+    extra_t = math.max(0, math.min(tonumber(ARGV[5]), math.floor(t)))
+    t = t - extra_t
+  end
+  redis.call('HSET', KEYS[1], 'r', tostring(r), 'rt', now, 't', tostring(t), 'tt', now)
+  redis.call('PEXPIRE', KEYS[1], 120000)
+end
+local r_reset = 0
+local t_reset = 0
+if rpm > 0 then r_reset = (rpm - r) * 60000 / rpm end
+if tpm > 0 then t_reset = (tpm - t) * 60000 / tpm end
+return {reason == 0 and 1 or 0, reason, math.floor(r), math.ceil(r_reset), math.floor(t), math.ceil(t_reset), math.ceil(wait), extra_r, extra_t}
+"""
+
+# KEYS[1]: the bucket hash. ARGV: tokens/min, tokens to give back (negative: to take).
+_SETTLE = """
+local tpm = tonumber(ARGV[1])
+local state = redis.call('HMGET', KEYS[1], 't', 'tt')
+if not state[1] then return 0 end
+local t = math.max(-tpm, math.min(tpm, tonumber(state[1]) + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[1], 't', tostring(t))
+return 1
+"""
+
+REQUESTS = "requests"
+TOKENS = "tokens"
+
+
+class Verdict:
+    """The answer for one request; ``headers`` are OpenAI's ``x-ratelimit-*``."""
+
+    __slots__ = ("allowed", "headers", "reason", "retry_after_s")
+
+    def __init__(
+        self, allowed: bool, reason: str | None, retry_after_s: float, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.allowed = allowed
+        self.reason = reason  # requests | tokens, when refused
+        self.retry_after_s = retry_after_s
+        self.headers = headers
+
+
+def _reset_text(ms: float) -> bytes:
+    """OpenAI writes resets like ``1s`` or ``6m0s``; seconds with a fraction read the same way."""
+    return f"{ms / 1000:.3g}s".encode() if ms >= 1 else b"0s"
+
+
+def _remaining(limit: int, left: float) -> bytes:
+    return str(min(limit, max(0, int(left)))).encode()
+
+
+def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verdict:
+    allowed, reason, requests_left, requests_reset_ms, tokens_left, tokens_reset_ms, wait_ms = raw[:7]
+    headers: list[tuple[bytes, bytes]] = []
+    if key.requests_per_min:
+        headers += [
+            (b"x-ratelimit-limit-requests", str(key.requests_per_min).encode()),
+            (b"x-ratelimit-remaining-requests", _remaining(key.requests_per_min, requests_left)),
+            (b"x-ratelimit-reset-requests", _reset_text(requests_reset_ms)),
+        ]
+    if key.tokens_per_min:
+        headers += [
+            (b"x-ratelimit-limit-tokens", str(key.tokens_per_min).encode()),
+            (b"x-ratelimit-remaining-tokens", _remaining(key.tokens_per_min, tokens_left)),
+            (b"x-ratelimit-reset-tokens", _reset_text(tokens_reset_ms)),
+        ]
+    return Verdict(
+        bool(allowed),
+        None if allowed else (REQUESTS if reason == 1 else TOKENS),
+        wait_ms / 1000,
+        headers,
+    )
+
+
+class LocalBuckets:
+    """The same buckets in this process's memory: the fallback while Redis is unreachable."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, list[float]] = {}  # key id -> [requests, at_ms, tokens, at_ms]
+
+    def check(self, key: ClientKeySpec, cost: int, now_ms: float) -> tuple[float, ...]:
+        rpm = key.requests_per_min or 0
+        tpm = key.tokens_per_min or 0
+        state = self._state.get(key.id)
+        if state is None:
+            state = self._state[key.id] = [rpm, now_ms, tpm, now_ms]
+        r = min(rpm, state[0] + (now_ms - state[1]) * rpm / _WINDOW_MS) if rpm else 0.0
+        t = min(tpm, state[2] + (now_ms - state[3]) * tpm / _WINDOW_MS) if tpm else 0.0
+        cost = min(cost, tpm) if tpm else cost
+        reason, wait = 0, 0.0
+        if rpm and r < 1:
+            reason, wait = 1, (1 - r) * _WINDOW_MS / rpm
+        if tpm and t < cost:
+            token_wait = (cost - t) * _WINDOW_MS / tpm
+            if reason == 0 or token_wait > wait:
+                reason = 2
+            wait = max(wait, token_wait)
+        if reason == 0:
+            r -= 1 if rpm else 0
+            t -= cost if tpm else 0
+            state[:] = [r, now_ms, t, now_ms]
+        r_reset = (rpm - r) * _WINDOW_MS / rpm if rpm else 0
+        t_reset = (tpm - t) * _WINDOW_MS / tpm if tpm else 0
+        return (1 if reason == 0 else 0, reason, math.floor(r), r_reset, math.floor(t), t_reset, wait)
+
+    def settle(self, key_id: str, tpm: int, give_back: int) -> None:
+        state = self._state.get(key_id)
+        if state is not None:
+            state[2] = max(-tpm, min(tpm, state[2] + give_back))
+
+
+def make_limiter_redis(url: str, timeout_s: float) -> Redis:
+    """A client of its own with short timeouts: a slow Redis must cost a request little, and a
+    timed-out connection must not disturb the policy store's client."""
+    return Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+
+
+class RedisBackoff:
+    """After a failed Redis call, answer locally for ``retry_after_s`` so requests do not each pay
+    a timeout; warn once per outage. Used by the rate and the concurrency limiters."""
+
+    __slots__ = ("_retry_after_s", "_what", "until")
+
+    def __init__(self, retry_after_s: float, what: str) -> None:
+        self._retry_after_s = retry_after_s
+        self._what = what
+        self.until = 0.0  # monotonic: local answers only until then
+
+    def up(self, now: float) -> bool:
+        return now >= self.until
+
+    def failed(self, now: float, exc: BaseException) -> None:
+        if self.until <= now:
+            logger.warning("%s: Redis unreachable (%s); per-gateway limits meanwhile", self._what, exc)
+        self.until = now + self._retry_after_s
+
+
+class _Lease:
+    """Allowance a gateway took from a key's shared buckets ahead of its next requests.
+
+    Its requests are answered from memory. Their ``x-ratelimit-*`` headers are those of the
+    script's last answer (limits and resets as the shared buckets stood then); only the two
+    remaining counts change per request, so the rest is built once per lease, not per request.
+    """
+
+    __slots__ = ("limits", "requests", "shared_requests", "shared_tokens", "template", "tokens")
+
+    def __init__(self, key: ClientKeySpec, requests: float, tokens: float, raw: list[int]) -> None:
+        self.limits = (key.requests_per_min or 0, key.tokens_per_min or 0)
+        self.requests = requests
+        self.tokens = tokens
+        # What the shared buckets held at the script's answer; remaining = that + this lease.
+        self.shared_requests = raw[2]
+        self.shared_tokens = raw[4]
+        self.template = make_verdict(key, raw).headers
+
+    def headers(self, cost_tokens: int) -> list[tuple[bytes, bytes]]:
+        """The headers of a request just charged ``cost_tokens`` (and one request) to this lease.
+
+        Remaining = the shared buckets as of the script's answer + what this lease still holds.
+        The bucket refills while the lease is held, so that sum can pass the limit; a client is
+        never told more than the limit minus what its request just used.
+        """
+        rpm, tpm = self.limits
+        headers = self.template.copy()
+        if rpm:
+            headers[1] = (
+                b"x-ratelimit-remaining-requests",
+                _remaining(rpm - 1, self.shared_requests + self.requests),
+            )
+        if tpm:
+            headers[4 if rpm else 1] = (
+                b"x-ratelimit-remaining-tokens",
+                _remaining(tpm - cost_tokens, self.shared_tokens + self.tokens),
+            )
+        return headers
+
+
+class RateLimiter:
+    """Checks and charges a key's shared buckets; settles token charges in the background."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: RedisKeys,
+        *,
+        retry_after_s: float = 1.0,
+        settle_interval_s: float = 0.5,
+        lease_fraction: float = 0.01,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.backoff = RedisBackoff(retry_after_s, "rate limits")
+        self._settle_interval_s = settle_interval_s
+        self._lease_fraction = lease_fraction
+        self._leases: dict[str, _Lease] = {}
+        self._check = redis.register_script(_CHECK)
+        self._settle = redis.register_script(_SETTLE)
+        self.local = LocalBuckets()
+        self._pending: dict[tuple[str, int], int] = {}  # (key id, tpm) -> tokens to give back
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.fallbacks = 0  # checks answered locally because Redis was unreachable
+
+    def from_lease(self, key: ClientKeySpec, cost_tokens: int) -> list[tuple[bytes, bytes]] | None:
+        """Charge the request to this gateway's lease when it covers it (no I/O) and return its
+        ``x-ratelimit-*`` headers; ``None`` when ``check`` must ask Redis."""
+        lease = self._leases.get(key.id)
+        if lease is None:
+            return None
+        rpm, tpm = lease.limits
+        if (
+            rpm != (key.requests_per_min or 0)
+            or tpm != (key.tokens_per_min or 0)
+            or (rpm and lease.requests < 1)
+            or (tpm and lease.tokens < cost_tokens)
+        ):
+            return None
+        if rpm:
+            lease.requests -= 1
+        if tpm:
+            lease.tokens -= cost_tokens
+        return lease.headers(cost_tokens)
+
+    async def check(self, key: ClientKeySpec, cost_tokens: int) -> Verdict:
+        """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it.
+
+        From this gateway's lease when it covers the request (no Redis call), else one script call
+        that charges the request and takes the next lease: ``lease_fraction`` of the key's limits
+        per minute, or whatever is left. Leased allowance was taken from the shared buckets, so
+        leasing never lets the fleet admit more than the limits; it only lets one gateway hold
+        (at most ``lease_fraction`` of a minute's) allowance the others then cannot use.
+        """
+        headers = self.from_lease(key, cost_tokens)
+        if headers is not None:
+            return Verdict(True, None, 0.0, headers)
+        rpm = key.requests_per_min or 0
+        tpm = key.tokens_per_min or 0
+        lease = self._leases.get(key.id)
+        now = time.monotonic()
+        if self.backoff.up(now):
+            leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+            # Top the lease up to its size, never past it: a lease whose tokens ran out while it
+            # still held requests would otherwise hoard more requests on every refill.
+            extra_requests = max(
+                0, int(rpm * self._lease_fraction) - int(leftover.requests if leftover else 0)
+            )
+            extra_tokens = max(0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0))
+            try:
+                # The client's own socket timeouts bound this (see make_limiter_redis).
+                raw = await self._check(
+                    keys=[self._keys.rate_limit(key.id)],
+                    args=[rpm, tpm, cost_tokens, extra_requests, extra_tokens],
+                )
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.backoff.failed(now, exc)
+            else:
+                if not raw[0]:
+                    return make_verdict(key, raw)
+                lease = self._leases[key.id] = _Lease(
+                    key,
+                    raw[7] + (leftover.requests if leftover else 0),
+                    raw[8] + (leftover.tokens if leftover else 0),
+                    list(raw),
+                )
+                # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
+                return Verdict(True, None, 0.0, lease.headers(cost_tokens))
+        self.fallbacks += 1
+        return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+
+    def settle(self, key: ClientKeySpec, charged_tokens: int, used_tokens: int) -> None:
+        """The node reported ``used_tokens``; correct the up-front charge (batched, never awaited)."""
+        if not key.tokens_per_min or used_tokens == charged_tokens:
+            return
+        give_back = charged_tokens - used_tokens
+        self.local.settle(key.id, key.tokens_per_min, give_back)
+        slot = (key.id, key.tokens_per_min)
+        self._pending[slot] = self._pending.get(slot, 0) + give_back
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._settle_loop(), name="gorgo-ratelimit-settle")
+
+    async def close(self) -> None:
+        self._closing.set()
+        if self._task is not None:
+            await stop_tasks([self._task], grace_s=self._settle_interval_s + 1.0)
+        await self._flush()
+
+    async def _settle_loop(self) -> None:
+        while not await sleep_unless(self._closing, self._settle_interval_s):
+            await self._flush()
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        try:
+            async with asyncio.timeout(1.0):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for (key_id, tpm), give_back in pending.items():
+                        await self._settle(
+                            keys=[self._keys.rate_limit(key_id)], args=[tpm, give_back], client=pipe
+                        )
+                    await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            logger.debug("rate limits: settling failed (%s); dropped %d correction(s)", exc, len(pending))

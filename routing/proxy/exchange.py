@@ -1,0 +1,72 @@
+"""One request on its way through the gateway: what it accumulates for its record and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from routing.algorithms.base import Decision
+from routing.cache.prompt import ParsedRequest
+from routing.contract import ClientKeySpec
+from routing.frontdoor.front_door import Grant
+from routing.http.usage import Usage
+from routing.state.inflight import Lease
+from routing.state.table import RoutingTable
+
+
+class Exchange:
+    """Everything one request accumulates on its way through, for the record and the metrics.
+
+    Slots, not a dataclass: one is built per request on the hot path, and the retry loop, the relay
+    and the outcome each fill in their part of it.
+    """
+
+    __slots__ = (
+        "arrival_s",
+        "bytes_out",
+        "client_gone",
+        "decision",
+        "error",
+        "finished",
+        "grant",
+        "key",
+        "lease",
+        "parsed",
+        "prediction",
+        "prompt_tokens_est",
+        "request_id",
+        "response_started",
+        "routing_s",
+        "sent_s",
+        "span",
+        "status",
+        "stream",
+        "table",
+        "ts",
+        "ttft_s",
+        "usage",
+    )
+
+    def __init__(self, arrival_s: float, ts: float, table: RoutingTable | None) -> None:
+        self.arrival_s = arrival_s
+        self.ts = ts
+        self.table = table
+        self.request_id = ""
+        self.parsed: ParsedRequest | None = None
+        self.prompt_tokens_est = 0
+        self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
+        self.decision: Decision | None = None
+        self.lease: Lease | None = None
+        self.routing_s = 0.0
+        self.sent_s: float | None = None
+        self.ttft_s: float | None = None
+        self.status = 0
+        self.stream = False
+        self.bytes_out = 0
+        self.error: str | None = None
+        self.usage: Usage | None = None
+        self.finished = False  # the last byte is on its way: a disconnect now is not the client leaving
+        self.client_gone = False
+        self.response_started = False
+        self.key: ClientKeySpec | None = None
+        self.grant: Grant | None = None  # what the front door granted the key
+        self.span: Any = None  # the OpenTelemetry span, only while tracing is on

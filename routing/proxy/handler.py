@@ -1,0 +1,323 @@
+"""The request path of ``/v1/chat/completions`` and ``/v1/completions``.
+
+Read the body (size-capped), decode the routing fields, look the model up in the current routing
+table, let the policy's algorithm choose among the eligible nodes, forward the client's body bytes
+unchanged over the pooled keep-alive client, and pass the answer back: a stream chunk by chunk as
+it arrives, a plain body in one piece. Then count it and queue its request record.
+
+The pieces are the proxy's neighbours: the front door (``routing.frontdoor``) says who may call,
+the retry loop (``routing.resilience.retry``) gets a response from some node, ``relay`` passes it
+on, and ``outcome`` records what happened. This module ties them in order.
+
+Failure rules: a node that refuses the connection (or drops it before answering) is retried once on
+another eligible node, and only then does the client get a 502; nothing is retried once a byte went
+to the client. A client that disconnects cancels the upstream request (the node sees the
+connection close and aborts the generation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+
+from routing.algorithms.base import Decision, RoutingRequest, RoutingView
+from routing.cache.prompt import (
+    DEFAULT_CHARS_PER_TOKEN,
+    BodyError,
+    Endpoint,
+    ParsedRequest,
+    PrefixIndex,
+    parse_body,
+)
+from routing.cache.token_ratio import CharsPerToken
+from routing.cache.tokenization import PromptIds, Tokenizers
+from routing.config import GatewayConfig
+from routing.contract import NodeSpec
+from routing.errors import GatewayError
+from routing.frontdoor.admission import Admission
+from routing.frontdoor.front_door import FrontDoor
+from routing.http.asgi import (
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    scan_request_headers,
+)
+from routing.http.upstream import UpstreamClient, encode_headers
+from routing.observability.exporter import GatewayMetrics
+from routing.observability.request_log import RequestLog
+from routing.observability.tracing import GatewayTracing
+from routing.proxy.exchange import Exchange
+from routing.proxy.outcome import RequestOutcome
+from routing.proxy.relay import Relay
+from routing.resilience.breaker import Breakers
+from routing.resilience.node_probe import NodeProber
+from routing.resilience.retry import Retrier
+from routing.state.inflight import InFlight
+from routing.state.policy_store import PolicyStore
+from routing.state.table import RoutingTable
+
+logger = logging.getLogger("routing.proxy")
+
+
+class Proxy:
+    """Routes and forwards the OpenAI inference endpoints."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        client: UpstreamClient,
+        store: PolicyStore,
+        inflight: InFlight,
+        request_log: RequestLog,
+        metrics: GatewayMetrics,
+        cache_index: PrefixIndex,
+        chars_per_token: CharsPerToken | None = None,
+        front_door: FrontDoor | None = None,
+        breakers: Breakers | None = None,
+        admission: Admission | None = None,
+        prober: NodeProber | None = None,
+        tracing: GatewayTracing | None = None,
+        tokenizers: Tokenizers | None = None,
+    ) -> None:
+        self._store = store
+        self._inflight = inflight
+        self._metrics = metrics
+        self._cache_index = cache_index  # the KV-aware index in the gateway; any PrefixIndex in tests
+        self._tokenizers = tokenizers
+        self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        self._region_header = (b"X-Gorgo-Region", config.region.encode())
+        self._gateway_id = config.gateway_id
+        self._max_body_bytes = config.max_body_bytes
+        self._sequence = 0
+        self._id_prefix = f"gw-{os.urandom(4).hex()}-"
+        self._ids = itertools.count(1)
+        self._front_door = front_door
+        self._breakers = breakers if breakers is not None else Breakers(open_s=config.node_down_cooldown_s)
+        self._admission = admission
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tracing = tracing
+        self._retrier = Retrier(config, client, inflight, metrics, cache_index, self._breakers, prober)
+        self._relay = Relay(config.upstream_idle_timeout_s, self._breakers, metrics, tracing)
+        self._outcome = RequestOutcome(
+            config, request_log, metrics, cache_index, self._chars_per_token, tracing
+        )
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        exchange = Exchange(time.perf_counter(), time.time(), self._store.table)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        # With the loop given, no getpid() syscall (Python 3.11 checks the pid on every lookup
+        # of the running loop: 2% of the gateway's CPU in the profile).
+        task = asyncio.current_task(loop)
+        watch: DisconnectWatch | None = None
+        try:
+            try:
+                table = exchange.table
+                session_header = table.session_header if table is not None else None
+                front_door = self._front_door
+                scanned = scan_request_headers(
+                    scope["headers"], session_header, keep_credentials=front_door is None
+                )
+                headers = scanned.forward
+                exchange.request_id = scanned.request_id or f"{self._id_prefix}{next(self._ids):x}"
+                headers.append((b"X-Request-Id", exchange.request_id.encode()))
+                headers.append(self._region_header)
+                if front_door is not None:  # before the body: a stranger's body is not worth reading
+                    exchange.key = front_door.authenticate(scanned)
+                body = await read_body(receive, scanned.content_length, self._max_body_bytes)
+                if self._tracing is not None:
+                    exchange.span = self._tracing.start(
+                        scope["headers"], headers, endpoint, body, exchange.ts
+                    )
+                if table is None:
+                    raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
+                try:
+                    parsed = parse_body(endpoint, body)
+                except BodyError as exc:
+                    raise GatewayError(400, str(exc), param=exc.param) from None
+                exchange.parsed = parsed
+                exchange.stream = parsed.stream
+                exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+                if exchange.key is not None:
+                    assert front_door is not None
+                    exchange.grant = await front_door.admit(
+                        exchange.key, parsed.model, exchange.prompt_tokens_est
+                    )
+                session_key = scanned.session_key
+                # From here on the request waits on a node: watch for the client leaving.
+                assert task is not None
+                watch = DisconnectWatch(receive, exchange, task)
+                await self._forward(send, exchange, table, parsed, endpoint, headers, body, session_key)
+            except GatewayError as exc:
+                await self._relay.error(send, exchange, exc)
+        except asyncio.CancelledError:
+            if not exchange.client_gone:
+                raise
+            assert task is not None
+            task.uncancel()  # the cancellation was ours (client left), not the server's
+            exchange.status = 499
+            exchange.error = "client disconnected"
+        except ClientGone:
+            exchange.status = 499
+            exchange.error = "client disconnected"
+        except Exception:
+            logger.exception("request %s failed inside the gateway", exchange.request_id)
+            exchange.error = "internal gateway error"
+            if not exchange.response_started:
+                await self._relay.error(
+                    send,
+                    exchange,
+                    GatewayError(500, f"Internal gateway error (request id {exchange.request_id})."),
+                )
+            else:
+                exchange.status = exchange.status or 500
+        finally:
+            if watch is not None:
+                watch.stop()
+            if exchange.lease is not None:
+                exchange.lease.release()
+            if exchange.key is not None and self._front_door is not None:
+                self._front_door.done(exchange.key, exchange.grant, exchange.usage, exchange.status)
+            self._outcome.finish(exchange)
+
+    # ---- routing -----------------------------------------------------------------------------
+
+    def _route(
+        self,
+        table: RoutingTable,
+        candidates: tuple[NodeSpec, ...],
+        request: RoutingRequest,
+        prompt_text: str,
+        prompt_ids: PromptIds | None = None,
+    ) -> Decision:
+        algorithm = table.algorithm
+        # The index is only fed and asked while the policy uses it: a least_load gateway pays
+        # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
+        # and from the other gateways' shared insertions).
+        uses_index = algorithm.needs_prefix_matches
+        node_ids = tuple(node.id for node in candidates)
+        if not uses_index:
+            matched: dict[int, int] = {}
+        elif prompt_ids is not None and prompt_ids.complete:
+            matched = self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
+        else:
+            matched = self._cache_index.match(node_ids, prompt_text)
+        self._sequence += 1
+        view = RoutingView(
+            table.region,
+            candidates,
+            table.snapshot.policy.params,
+            self._inflight.load_view(),
+            table.rtt_ms,
+            table.live,
+            matched,
+            self._sequence,
+            self._gateway_id,
+        )
+        decision = algorithm.choose(view, request)
+        if uses_index:
+            self._cache_index.insert(decision.node.id, prompt_text)
+        return decision
+
+    def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
+        """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
+        wants = getattr(self._cache_index, "wants_prompt_ids", None)
+        return wants is not None and wants(candidates)
+
+    def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
+        candidates = table.candidates.get(model)
+        if candidates is None:
+            raise GatewayError(404, f"The model `{model}` does not exist on this gateway.", param="model")
+        blocked = self._breakers.blocked
+        if blocked:
+            working = tuple(node for node in candidates if node.id not in blocked)
+            if not working:
+                # Every eligible node failed here recently: say so rather than hammer them (stale
+                # or late telemetry must not send traffic to a node this gateway saw fail).
+                raise GatewayError(
+                    503,
+                    f"Every eligible node for model `{model}` is failing ({len(candidates)} with an "
+                    "open circuit breaker); retry shortly.",
+                    retry_after_s=max(1.0, self._breakers.next_probe_in_s(time.monotonic())),
+                )
+            candidates = working
+        if not candidates:
+            excluded = table.excluded.get(model, {})
+            reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(excluded.items()))
+            raise GatewayError(
+                503,
+                f"No eligible node for model `{model}` from region {table.region}"
+                + (f" ({reasons})." if reasons else "."),
+                retry_after_s=5,
+            )
+        return candidates
+
+    # ---- forwarding --------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        send: Send,
+        exchange: Exchange,
+        table: RoutingTable,
+        parsed: ParsedRequest,
+        endpoint: Endpoint,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        session_key: str | None,
+    ) -> None:
+        candidates = self._candidates(table, parsed.model)
+        admission = self._admission
+        if admission is not None:
+            with_room = admission.with_room(candidates)
+            if not with_room:
+                priority = exchange.key.priority if exchange.key is not None else "interactive"
+                node = await admission.wait(candidates, priority)
+                admission.claim(node.id)  # from here to the retry loop's lease: no await
+                with_room = (node,)
+            candidates = with_room
+        routing_start_s = time.perf_counter()
+        # The prompt's token ids, when the model has a tokenizer and the policy uses the index
+        # (precise matching on KV events); their count is exact, unlike the estimate.
+        prompt_ids = (
+            self._tokenizers.prompt_ids(parsed.model, endpoint, body)
+            if self._tokenizers is not None
+            and table.algorithm.needs_prefix_matches
+            and self._wants_prompt_ids(candidates)
+            else None
+        )
+        if prompt_ids is not None and prompt_ids.complete:
+            exchange.prompt_tokens_est = len(prompt_ids.ids)
+        prompt_tokens_est = exchange.prompt_tokens_est
+        request = RoutingRequest(
+            parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
+        )
+        self._retrier.budget.deposit()
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
+        exchange.routing_s = time.perf_counter() - routing_start_s
+        self._metrics.observe_decision(exchange.routing_s)
+        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+
+        response = await self._retrier.open(
+            exchange,
+            table,
+            candidates,
+            decision,
+            request,
+            parsed.stream,
+            path,
+            encode_headers(headers),
+            body,
+            lambda remaining: self._route(table, remaining, request, parsed.prompt_text, prompt_ids),
+            asyncio.current_task(self._loop),
+        )
+        try:
+            await self._relay.answer(send, exchange, table, response)
+        finally:
+            response.close()  # a no-op once released; drops the connection if we stopped midway

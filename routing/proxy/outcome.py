@@ -1,0 +1,139 @@
+"""What a finished request leaves behind: its metrics, its record, and what the index learns.
+
+The node's ``usage`` is the truth the gateway's guesses are checked against: the cached tokens it
+reports tell the prefix index how good its match was (and, for precisely indexed nodes, how its
+prediction compared), and its exact prompt tokens correct the characters-per-token estimate. The
+request record (``RequestRecord``, the contract's) is queued for the Redis stream the workers
+aggregate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from routing.cache.prompt import PrefixIndex
+from routing.cache.token_ratio import CharsPerToken
+from routing.config import GatewayConfig
+from routing.contract import SCHEMA_VERSION, RequestRecord
+from routing.http.usage import PromptTokensDetails, Usage
+from routing.observability.exporter import NO_NODE, GatewayMetrics
+from routing.observability.request_log import RequestLog
+from routing.observability.tracing import GatewayTracing
+from routing.proxy.exchange import Exchange
+
+logger = logging.getLogger("routing.proxy")  # the logger name operators filter on, kept across moves
+
+
+class RequestOutcome:
+    """Counts each finished request, feeds the index back, and queues the request's record."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        request_log: RequestLog,
+        metrics: GatewayMetrics,
+        cache_index: PrefixIndex,
+        chars_per_token: CharsPerToken,
+        tracing: GatewayTracing | None,
+    ) -> None:
+        self._region = config.region
+        self._gateway_id = config.gateway_id
+        self._request_log = request_log
+        self._metrics = metrics
+        self._cache_index = cache_index
+        self._chars_per_token = chars_per_token
+        self._tracing = tracing
+
+    def finish(self, exchange: Exchange) -> None:
+        """Count the request and queue its record; never raises into the request."""
+        try:
+            total_s = time.perf_counter() - exchange.arrival_s
+            decision = exchange.decision
+            node = decision.node if decision is not None else None
+            self._metrics.observe_request(
+                node.name if node is not None else NO_NODE, exchange.status, exchange.ttft_s, total_s
+            )
+            table = exchange.table
+            parsed = exchange.parsed
+            usage = exchange.usage
+            details = usage.prompt_tokens_details if usage is not None else None
+            if details is not None and decision is not None and decision.cost is not None:
+                self._observe_cache(
+                    decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
+                )
+            prediction = exchange.prediction
+            if (
+                prediction is not None
+                and details is not None
+                and details.cached_tokens is not None
+                and node is not None
+                and prediction[0] == node.id
+            ):
+                record = getattr(self._cache_index, "record_outcome", None)
+                if record is not None:
+                    record(node.id, prediction[1], prediction[2], details.cached_tokens)
+            if (
+                usage is not None
+                and usage.prompt_tokens
+                and parsed is not None
+                and parsed.prompt_tokens_exact is None
+                and self._chars_per_token.observe(parsed.prompt_chars, usage.prompt_tokens)
+            ):
+                # The index counts its chunks in tokens: it follows the estimate's ratio.
+                self._cache_index.set_chars_per_token(self._chars_per_token.value)
+            record = RequestRecord(
+                schema_version=SCHEMA_VERSION,
+                request_id=exchange.request_id,
+                ts=exchange.ts,
+                gateway_region=self._region,
+                gateway_id=self._gateway_id,
+                model=parsed.model if parsed is not None else "",
+                status=exchange.status,
+                stream=exchange.stream,
+                node_id=node.id if node is not None else None,
+                node_region=node.region if node is not None else None,
+                algorithm=table.snapshot.policy.algorithm if table is not None else None,
+                policy_version=table.snapshot.version if table is not None else None,
+                prompt_chars=parsed.prompt_chars if parsed is not None else 0,
+                prompt_tokens_est=exchange.prompt_tokens_est,
+                prompt_tokens=usage.prompt_tokens if usage is not None else None,
+                cached_tokens=details.cached_tokens if details is not None else None,
+                completion_tokens=usage.completion_tokens if usage is not None else None,
+                routing_us=exchange.routing_s * 1e6,
+                gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
+                ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
+                total_ms=total_s * 1000,
+                bytes_out=exchange.bytes_out,
+                error=exchange.error,
+                cost=decision.cost if decision is not None else None,
+                runner_up=decision.runner_up if decision is not None else None,
+                key_id=exchange.key.id if exchange.key is not None else None,
+                priority=exchange.key.priority if exchange.key is not None else None,
+                prefix_index_mode=prediction[1] if prediction is not None else None,
+                predicted_cached_tokens=prediction[2] if prediction is not None else None,
+            )
+            self._request_log.submit(record)
+            if exchange.span is not None:
+                assert self._tracing is not None
+                self._tracing.finish(exchange.span, record, node)
+        except Exception:
+            logger.exception("could not record request %s", exchange.request_id)
+
+    def _observe_cache(
+        self,
+        node_id: int,
+        matched_tokens: int,
+        exchange: Exchange,
+        usage: Usage,
+        details: PromptTokensDetails,
+    ) -> None:
+        """Tell the prefix index how much the node really had cached versus what it predicted."""
+        if not (exchange.prompt_tokens_est and usage.prompt_tokens and details.cached_tokens is not None):
+            return
+        self._cache_index.observe(
+            node_id,
+            matched_tokens / exchange.prompt_tokens_est,
+            details.cached_tokens / usage.prompt_tokens,
+            time.time(),
+        )

@@ -1,0 +1,156 @@
+"""Pass a node's answer to the client, or the gateway's own error: never buffer a stream.
+
+A plain body is read whole and sent in one piece. A stream is sent chunk by chunk as it arrives,
+keeping only its last few kilobytes for the usage event; silence between two chunks longer than
+the idle timeout is a hung node. Once the status went out nothing is retried: a break mid-stream
+is said in the stream (as vLLM says its own errors) and recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from routing.errors import GatewayError
+from routing.http.asgi import Send, filter_response_headers, send_response
+from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
+from routing.http.usage import USAGE_TAIL_BYTES, parse_stream_usage, parse_usage
+from routing.observability.exporter import GatewayMetrics
+from routing.observability.tracing import GatewayTracing
+from routing.proxy.exchange import Exchange
+from routing.resilience.breaker import Breakers
+from routing.state.table import RoutingTable
+
+# The last event of an OpenAI stream, with either line ending SSE allows.
+_SSE_DONE_ENDINGS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+
+
+class Relay:
+    """Answers the client: the node's response, or a ``GatewayError`` in OpenAI's shape."""
+
+    def __init__(
+        self,
+        idle_timeout_s: float,
+        breakers: Breakers,
+        metrics: GatewayMetrics,
+        tracing: GatewayTracing | None,
+    ) -> None:
+        self._idle_timeout_s = idle_timeout_s
+        self._breakers = breakers
+        self._metrics = metrics
+        self._tracing = tracing
+
+    async def answer(
+        self, send: Send, exchange: Exchange, table: RoutingTable, response: UpstreamResponse
+    ) -> None:
+        """Pass the node's answer to the client: streams chunk by chunk, bodies in one piece."""
+        assert exchange.decision is not None and exchange.lease is not None and exchange.sent_s is not None
+        node = exchange.decision.node
+        upstream_s = time.perf_counter() - exchange.sent_s
+        exchange.status = status = response.status
+        out_headers = filter_response_headers(response.raw_headers)
+        out_headers += (
+            (b"x-gorgo-node", node.name.encode()),
+            (b"x-gorgo-policy-version", table.version_header),
+            (b"x-request-id", exchange.request_id.encode()),
+            (
+                b"server-timing",
+                f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
+            ),
+        )
+        if exchange.grant is not None and exchange.grant.headers:
+            out_headers += exchange.grant.headers
+        if response.content_type != "text/event-stream":
+            try:
+                data = await response.read()
+            except UpstreamError as exc:
+                kind = "timeout" if isinstance(exc, ReadTimeout) else "disconnect"
+                self._breakers.failure(node.id, time.monotonic(), hard=kind == "timeout")
+                self._metrics.upstream_error(node.name, kind)
+                raise GatewayError(
+                    504 if kind == "timeout" else 502,
+                    f"The node {node.name} stopped before its answer was complete ({kind}).",
+                    node_name=node.name,
+                ) from None
+            exchange.lease.first_byte()
+            exchange.finished = True
+            exchange.response_started = True
+            await send({"type": "http.response.start", "status": status, "headers": out_headers})
+            exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+            exchange.bytes_out = len(data)
+            if status == 200 and not response.content_encoded:
+                exchange.usage = parse_usage(data)
+            if exchange.span is not None:
+                assert self._tracing is not None
+                self._tracing.answer(exchange.span, data, stream=False)
+            return
+
+        exchange.response_started = True
+        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        tail = b""
+        bytes_out = 0
+        loop = asyncio.get_running_loop()
+        idle_s = self._idle_timeout_s
+        try:
+            # Until the first chunk the node may be queueing and prefilling (the socket read
+            # timeout governs); after it, silence longer than the idle timeout means a hung node.
+            chunk = await response.readany()
+            if chunk:
+                exchange.lease.first_byte()
+                exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+            async with asyncio.timeout(None) as idle:
+                while chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    bytes_out += len(chunk)
+                    tail = (
+                        chunk[-USAGE_TAIL_BYTES:]
+                        if len(chunk) >= USAGE_TAIL_BYTES
+                        else (tail + chunk)[-USAGE_TAIL_BYTES:]
+                    )
+                    if tail.endswith(_SSE_DONE_ENDINGS):
+                        # The client has the whole answer: OpenAI clients stop at [DONE] and may
+                        # hang up before the node's end of body reaches us. Not a disconnect.
+                        exchange.finished = True
+                    idle.reschedule(loop.time() + idle_s)
+                    chunk = await response.readany()
+                    idle.reschedule(None)  # the client's pace is not the node's silence
+        except (UpstreamError, TimeoutError) as exc:
+            # Mid-stream failure: the status is already sent, so say it in the stream (as vLLM
+            # does for its own errors) and end it; the record keeps the truth.
+            kind = "timeout" if isinstance(exc, (TimeoutError, ReadTimeout)) else "disconnect"
+            if isinstance(exc, TimeoutError):  # ours: the idle timeout between two chunks
+                self._metrics.timeout("idle")
+            self._breakers.failure(node.id, time.monotonic(), hard=kind == "timeout")
+            self._metrics.upstream_error(node.name, kind)
+            exchange.status = 504 if kind == "timeout" else 502
+            exchange.error = f"node {node.name} stream broke ({kind})"
+            event = GatewayError(exchange.status, f"The node {node.name} stopped mid-stream ({kind}).")
+            chunk = b"data: " + event.body() + b"\n\n"
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            bytes_out += len(chunk)
+        exchange.bytes_out = bytes_out
+        exchange.finished = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if status == 200:
+            exchange.usage = parse_stream_usage(tail)
+        if exchange.span is not None:
+            assert self._tracing is not None
+            self._tracing.answer(exchange.span, tail, stream=True)
+
+    async def error(self, send: Send, exchange: Exchange, error: GatewayError) -> None:
+        """Answer with the gateway's own error (nothing of it reached the client yet)."""
+        exchange.status = error.status
+        exchange.error = exchange.error or error.message
+        if error.status >= 500 and error.node_name is not None:
+            exchange.error = f"{error.node_name}: {error.message}"
+        body = error.body()
+        headers = error.headers()
+        if exchange.request_id:
+            headers.append((b"x-request-id", exchange.request_id.encode()))
+        if exchange.table is not None:
+            headers.append((b"x-gorgo-policy-version", exchange.table.version_header))
+        exchange.finished = True
+        exchange.response_started = True
+        await send_response(send, error.status, body, headers)
+        exchange.bytes_out = len(body)

@@ -1,0 +1,212 @@
+"""Send a request to its chosen node; before any byte came back, retry it on another.
+
+Retried: a refused connection, a connection dropped before the answer, and (streams) no response
+headers within the first-byte timeout (vLLM sends a stream's headers at once, so silence means a
+hung node). At most ``upstream_retries`` times, within the retry budget (``breaker.RetryBudget``),
+and never once a byte went to the client: that is the relay's side. Every failure counts on the
+node's circuit breaker, so a node that keeps failing is kept out of the candidates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from routing.algorithms.base import Decision, RoutingRequest
+from routing.cache.prompt import PrefixIndex
+from routing.config import GatewayConfig
+from routing.contract import NodeSpec
+from routing.deadlines import FixedDelay
+from routing.errors import GatewayError
+from routing.http.upstream import (
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+    ProtocolError,
+    ReadTimeout,
+    UpstreamClient,
+    UpstreamResponse,
+)
+from routing.observability.exporter import GatewayMetrics
+from routing.resilience.breaker import Breakers, RetryBudget
+from routing.resilience.node_probe import HungWatch, NodeProber
+from routing.state.inflight import InFlight, Lease
+from routing.state.table import RoutingTable
+
+logger = logging.getLogger("routing.proxy")  # the logger name operators filter on, kept across moves
+
+# Given the nodes still untried, choose one of them (the proxy's routing, index and all).
+Reroute = Callable[[tuple[NodeSpec, ...]], Decision]
+
+
+class Attempt(Protocol):
+    """What the loop records on the request as it goes (the proxy's ``Exchange``).
+
+    Written before each try, so that whatever ends the request (an answer, an error, the client
+    leaving) finds the node, its lease and the index's prediction of the try that counts.
+    """
+
+    decision: Decision | None
+    prediction: tuple[int, str, int] | None
+    lease: Lease | None
+    sent_s: float | None
+    client_gone: bool
+
+
+class Retrier:
+    """The retry loop of one gateway, with the breakers and the budget it answers to."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        client: UpstreamClient,
+        inflight: InFlight,
+        metrics: GatewayMetrics,
+        cache_index: PrefixIndex,
+        breakers: Breakers,
+        prober: NodeProber | None,
+    ) -> None:
+        self._config = config
+        self._client = client
+        self._inflight = inflight
+        self._metrics = metrics
+        self._cache_index = cache_index
+        self._breakers = breakers
+        self._prober = prober
+        self.budget = RetryBudget(config.retry_budget_ratio)
+        self._hung_timers = FixedDelay(config.upstream_first_byte_timeout_s)
+
+    async def open(
+        self,
+        attempt: Attempt,
+        table: RoutingTable,
+        candidates: tuple[NodeSpec, ...],
+        decision: Decision,
+        request: RoutingRequest,
+        stream: bool,
+        path: str,
+        headers: bytes,
+        body: bytes,
+        reroute: Reroute,
+        task: asyncio.Task[Any] | None,
+    ) -> UpstreamResponse:
+        """The first response any tried node gave (a 5xx too), or the ``GatewayError`` to answer.
+
+        ``task`` is the request's own task: a hung node's watch cancels it (and the loop takes the
+        cancellation back). The caller has it at hand, which spares a lookup of the running loop.
+        """
+        tried: list[NodeSpec] = []
+        config = self._config
+        first_byte_s = config.upstream_first_byte_timeout_s if stream else None
+        breakers = self._breakers
+        fresh = False
+        while True:
+            node = decision.node
+            attempt.decision = decision
+            attempt.prediction = getattr(self._cache_index, "last_prediction", None)
+            attempt.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
+            attempt.sent_s = time.perf_counter()
+            hung_watch = (
+                HungWatch(
+                    self._prober,
+                    task,
+                    node.id,
+                    table.base_urls[node.id],
+                    self._hung_timers,
+                )
+                if first_byte_s is None and self._prober is not None and task is not None
+                else None
+            )
+            target = table.urls.get((node.id, path))
+            try:
+                if target is None:
+                    raise ConnectFailed(f"node {node.name} has no usable http(s) URL")
+                if first_byte_s is None:
+                    response = await self._client.request(target, headers, body, fresh=fresh)
+                else:
+                    async with asyncio.timeout(first_byte_s):
+                        response = await self._client.request(target, headers, body, fresh=fresh)
+            except asyncio.CancelledError:
+                if hung_watch is None or not hung_watch.hung or attempt.client_gone:
+                    raise
+                assert task is not None
+                task.uncancel()  # ours: the node answers nothing, not even /health
+                kind, hard = "first_byte", True
+                self._metrics.timeout("first_byte")
+            except ConnectTimeout:
+                kind, hard = "connect", True
+                self._metrics.timeout("connect")
+            except ConnectFailed:
+                kind, hard = "connect", True
+            except ReadTimeout:
+                breakers.failure(node.id, time.monotonic(), hard=True)
+                self._metrics.upstream_error(node.name, "timeout")
+                raise GatewayError(
+                    504, f"Node {node.name} did not answer in time.", node_name=node.name
+                ) from None
+            except TimeoutError:  # ours: no response headers within the first-byte timeout
+                kind, hard = "first_byte", True
+                self._metrics.timeout("first_byte")
+            except Disconnected:
+                kind, hard = "disconnect", False
+            except ProtocolError as exc:
+                breakers.failure(node.id, time.monotonic(), hard=False)
+                self._metrics.upstream_error(node.name, "protocol")
+                logger.warning("node %s sent an unreadable response: %s", node.name, exc)
+                raise GatewayError(
+                    502, f"Node {node.name} sent an invalid response.", node_name=node.name
+                ) from None
+            else:
+                if response.status >= 500:
+                    breakers.failure(node.id, time.monotonic(), hard=False)
+                else:
+                    breakers.success(node.id)
+                return response
+            finally:
+                if hung_watch is not None:
+                    hung_watch.stop()
+            breakers.failure(node.id, time.monotonic(), hard=hard)
+            attempt.lease.release()
+            attempt.lease = None
+            self._metrics.upstream_error(node.name, "timeout" if kind == "first_byte" else kind)
+            tried.append(node)
+            blocked = breakers.blocked
+            remaining = tuple(c for c in candidates if c not in tried and c.id not in blocked)
+            # A keep-alive connection the node closed just as we reused it says nothing about the
+            # node: the only candidate gets one more try on a fresh connection.
+            same_node_again = kind == "disconnect" and not remaining and len(tried) == 1
+            if (
+                len(tried) > config.upstream_retries
+                or not (remaining or same_node_again)
+                or not self.budget.spend()
+            ):
+                status = 504 if kind == "first_byte" else 502
+                what = (
+                    f"did not start answering within {first_byte_s:g}s"
+                    if kind == "first_byte"
+                    else "is unreachable"
+                )
+                raise GatewayError(
+                    status,
+                    f"Node {node.name} {what}" + (" (and so was the retry)." if len(tried) > 1 else "."),
+                    node_name=node.name,
+                )
+            self._metrics.retry(kind)
+            logger.warning("node %s failed before answering (%s); retrying", node.name, kind)
+            if remaining:
+                decision = reroute(remaining)
+            else:
+                # A keep-alive connection the node closed just as we reused it says nothing about
+                # the node; the only candidate gets one more try on a fresh connection.
+                fresh = True
+
+
+def _prefill_tokens(decision: Decision, request: RoutingRequest) -> int:
+    """Prefill the node has to do: what the algorithm found uncached, else the whole prompt."""
+    cost = decision.cost
+    if cost is not None and cost.node_id == decision.node.id:
+        return cost.uncached_tokens
+    return request.prompt_tokens_est

@@ -1,0 +1,355 @@
+"""What gateways tell each other through Redis: prefix-index insertions and outstanding load.
+
+A gateway runs one ``GatewaySharing`` with three background tasks; nothing here is ever awaited on
+the request path:
+
+- prefix publisher: every ``prefix_flush_interval_s`` it takes the index's new insertions, merges
+  them per node and ``XADD``s one ``PrefixUpdate`` per node to ``RedisKeys.prefix_stream`` (field
+  ``PREFIX_STREAM_FIELD``, approximate ``MAXLEN``).
+- prefix reader: ``XREAD``s that stream (blocking for at most ``read_block_ms``, so updates arrive
+  within milliseconds) and applies every other gateway's updates to the local index. Each entry
+  also carries its writer's id in a field of its own (``PREFIX_STREAM_GATEWAY_FIELD``), so a
+  gateway skips its own entries without decoding them. At start it replays the newest
+  ``warm_start_entries`` entries younger than the index TTL, so a new gateway is not cold.
+- load exchange: every ``load_interval_s`` one pipelined round trip writes this gateway's
+  ``GatewayLoad`` into the ``RedisKeys.gateway_load`` hash and reads everyone's. Entries older
+  than ``peer_stale_after_s`` are ignored (a gateway that died stops counting within seconds) and
+  entries older than ``PRUNE_AFTER_S`` are deleted. The sum of the fresh peers' loads per node is
+  published as an immutable ``peer_load`` mapping (and handed to ``on_peer_load``, e.g.
+  ``InFlight.set_peer_load``), which the gateway adds to its own in-flight counts.
+
+Redis down: each task logs once, retries with exponential backoff and jitter, and the gateway
+keeps routing on local data. Peer load older than ``peer_stale_after_s`` is dropped rather than
+trusted forever; prefix insertions made while Redis is down are not shared (the index is an
+estimate; the next insertions of a hot prefix will be).
+
+Stopping: ``stop()`` sets a flag the loops check between commands; every wait is either a sleep
+on that flag or an ``XREAD`` blocking ``read_block_ms`` at most, so the loops end by themselves
+within one block. Tasks are never cancelled mid-command (redis-py can hang when cancelled in the
+middle of one, see ``routing.background``); only a loop still stuck after the grace period is.
+
+Timestamps are unix seconds (``time.time``), so gateways on different hosts need roughly synced
+clocks (NTP); ``peer_stale_after_s`` tolerates a few hundred milliseconds of skew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Protocol
+
+import msgspec
+from redis.asyncio import Redis
+
+from routing.algorithms.base import NodeLoad
+from routing.background import sleep_unless, stop_tasks
+from routing.contract import (
+    PREFIX_STREAM_FIELD,
+    PREFIX_STREAM_GATEWAY_FIELD,
+    SCHEMA_VERSION,
+    GatewayLoad,
+    PrefixUpdate,
+    RedisKeys,
+    UnknownSchemaVersion,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("routing.sharing")  # the logger name operators filter on, kept across moves
+
+PRUNE_AFTER_S = 60.0
+_UPDATE_FIELD_BYTES = PREFIX_STREAM_FIELD.encode()
+_GATEWAY_FIELD_BYTES = PREFIX_STREAM_GATEWAY_FIELD.encode()
+MAX_HASHES_PER_UPDATE = 2048  # keeps one stream entry under ~50 KB of JSON
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+LoadSource = Callable[[], tuple[Mapping[int, int], Mapping[int, int]]]
+
+
+class SharedIndex(Protocol):
+    """What sharing needs of a prefix index (``ApproxPrefixIndex`` has it)."""
+
+    ttl_s: float
+
+    def take_updates(self) -> list[tuple[int, tuple[int, ...], float]]: ...
+
+    def apply_remote(self, update: PrefixUpdate) -> None: ...
+
+
+class GatewaySharing:
+    """Background sharing of one gateway's prefix insertions and load with its peers."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: RedisKeys,
+        *,
+        gateway_id: str,
+        region: str,
+        index: SharedIndex,
+        load_source: LoadSource,
+        on_peer_load: Callable[[Mapping[int, NodeLoad]], None] | None = None,
+        prefix_flush_interval_s: float = 0.05,
+        load_interval_s: float = 0.1,
+        peer_stale_after_s: float = 3.0,
+        stream_maxlen: int = 10_000,
+        read_block_ms: int = 250,
+        warm_start_entries: int = 2_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.gateway_id = gateway_id
+        self.region = region
+        self._index = index
+        self._load_source = load_source
+        self._on_peer_load = on_peer_load
+        self.prefix_flush_interval_s = prefix_flush_interval_s
+        self.load_interval_s = load_interval_s
+        self.peer_stale_after_s = peer_stale_after_s
+        self.stream_maxlen = stream_maxlen
+        self.read_block_ms = read_block_ms
+        self.warm_start_entries = warm_start_entries
+        self._clock = clock
+        self._peer_load: Mapping[int, NodeLoad] = MappingProxyType({})
+        self._peer_load_at_s = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._own_id = gateway_id.encode()
+        self._failing: set[str] = set()
+        # Counters for /metrics and tests.
+        self.updates_sent = 0
+        self.updates_applied = 0
+        self.updates_rejected = 0
+        self.own_updates_skipped = 0
+        self.redis_errors = 0
+
+    @property
+    def peer_load(self) -> Mapping[int, NodeLoad]:
+        """Node id -> the other gateways' outstanding work there (immutable; replaced, never mutated)."""
+        return self._peer_load
+
+    @property
+    def connected(self) -> bool:
+        """False while any task is failing to reach Redis."""
+        return not self._failing
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the background tasks (returns at once; Redis may be down)."""
+        if self._tasks:
+            return
+        self._stopping.clear()
+        self._tasks = [
+            asyncio.create_task(
+                self._forever("prefix-publish", self._publish_prefixes_once), name="gorgo-prefix-publish"
+            ),
+            asyncio.create_task(self._read_prefixes(), name="gorgo-prefix-read"),
+            asyncio.create_task(
+                self._forever("load-exchange", self._exchange_load_once), name="gorgo-load-exchange"
+            ),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the tasks and withdraw this gateway's load entry (best effort, bounded).
+
+        The loops see the flag at their next wait, at most one ``XREAD`` block (or one Redis
+        command timeout) away; only one still running after that grace period is cancelled.
+        """
+        tasks, self._tasks = self._tasks, []
+        self._stopping.set()
+        await stop_tasks(tasks, grace_s=self.read_block_ms / 1000.0 + 1.0, timeout_s=1.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._redis.hdel(self._keys.gateway_load, self.gateway_id), 0.5)
+
+    async def _forever(self, name: str, once: Callable[[], Awaitable[float]]) -> None:
+        backoff_s = BACKOFF_MIN_S
+        while not self._stopping.is_set():
+            try:
+                pause_s = await once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis errors, timeouts, a bad document: never kill the gateway
+                self._failed(name, exc)
+                pause_s = backoff_s * (0.5 + random.random())
+                backoff_s = min(backoff_s * 2.0, BACKOFF_MAX_S)
+            else:
+                self._recovered(name)
+                backoff_s = BACKOFF_MIN_S
+            await sleep_unless(self._stopping, pause_s)
+
+    def _failed(self, name: str, exc: BaseException) -> None:
+        self.redis_errors += 1
+        if name not in self._failing:
+            self._failing.add(name)
+            log.warning("sharing: %s failing (%s: %s); routing on local data", name, type(exc).__name__, exc)
+        if name == "load-exchange":
+            self._expire_peer_load()
+
+    def _recovered(self, name: str) -> None:
+        if name in self._failing:
+            self._failing.discard(name)
+            log.info("sharing: %s reconnected", name)
+
+    # ---- prefixes -----------------------------------------------------------------------------
+
+    async def _publish_prefixes_once(self) -> float:
+        updates = self.build_updates(self._index.take_updates())
+        if updates:
+            pipe = self._redis.pipeline(transaction=False)
+            for update in updates:
+                pipe.xadd(
+                    self._keys.prefix_stream,
+                    {PREFIX_STREAM_GATEWAY_FIELD: self._own_id, PREFIX_STREAM_FIELD: encode(update)},
+                    maxlen=self.stream_maxlen,
+                    approximate=True,
+                )
+            await pipe.execute()
+            self.updates_sent += len(updates)
+        return self.prefix_flush_interval_s
+
+    def build_updates(self, insertions: list[tuple[int, tuple[int, ...], float]]) -> list[PrefixUpdate]:
+        """Merge insertions per node into ``PrefixUpdate``s, in the order a reader must apply them.
+
+        A reader touches each update's hashes tail first. Concatenating a node's insertions (and
+        keeping a repeated hash at its first place) keeps every chain's prefix touched after its
+        extensions; an update split for size is emitted last part first for the same reason.
+        """
+        merged: dict[int, dict[int, None]] = {}
+        latest_s: dict[int, float] = {}
+        for node_id, hashes, ts in insertions:
+            chain = merged.setdefault(node_id, {})
+            for chunk in hashes:
+                chain.setdefault(chunk, None)
+            latest_s[node_id] = max(ts, latest_s.get(node_id, ts))
+        updates: list[PrefixUpdate] = []
+        for node_id, chain in merged.items():
+            hashes = tuple(chain)
+            starts = range(0, len(hashes), MAX_HASHES_PER_UPDATE)
+            for start in reversed(starts):
+                updates.append(
+                    PrefixUpdate(
+                        schema_version=SCHEMA_VERSION,
+                        gateway_id=self.gateway_id,
+                        node_id=node_id,
+                        chunk_hashes=hashes[start : start + MAX_HASHES_PER_UPDATE],
+                        ts=latest_s[node_id],
+                    )
+                )
+        return updates
+
+    async def _read_prefixes(self) -> None:
+        last_id: bytes | str | None = None
+        backoff_s = BACKOFF_MIN_S
+        while not self._stopping.is_set():
+            try:
+                if last_id is None:
+                    last_id = await self._warm_start()
+                # A short block: the loop must come back to see the stop flag (see stop()).
+                response = await self._redis.xread(
+                    {self._keys.prefix_stream: last_id}, count=500, block=self.read_block_ms
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed("prefix-read", exc)
+                await sleep_unless(self._stopping, backoff_s * (0.5 + random.random()))
+                backoff_s = min(backoff_s * 2.0, BACKOFF_MAX_S)
+                continue
+            self._recovered("prefix-read")
+            backoff_s = BACKOFF_MIN_S
+            for _stream, entries in response or ():
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self._apply_entry(fields)
+
+    async def _warm_start(self) -> bytes | str:
+        """Apply the recent history of the stream; return the id to read on from."""
+        entries = await self._redis.xrevrange(self._keys.prefix_stream, count=self.warm_start_entries)
+        if not entries:
+            return "0-0"
+        oldest_s = self._clock() - self._index.ttl_s
+        for _entry_id, fields in reversed(entries):
+            self._apply_entry(fields, oldest_s)
+        return entries[0][0]
+
+    def _apply_entry(self, fields: Mapping[bytes | str, bytes | str], oldest_s: float | None = None) -> None:
+        if fields.get(_GATEWAY_FIELD_BYTES) == self._own_id:
+            self.own_updates_skipped += 1  # our own insertions: already in the index, skip the decode
+            return
+        raw = fields.get(_UPDATE_FIELD_BYTES)
+        if raw is None:
+            raw = fields.get(PREFIX_STREAM_FIELD)
+        if raw is None:
+            self.updates_rejected += 1
+            return
+        try:
+            update = decode(raw, PrefixUpdate)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnknownSchemaVersion):
+            self.updates_rejected += 1
+            return
+        if update.gateway_id == self.gateway_id or (oldest_s is not None and update.ts < oldest_s):
+            return
+        self._index.apply_remote(update)
+        self.updates_applied += 1
+
+    # ---- load ---------------------------------------------------------------------------------
+
+    async def _exchange_load_once(self) -> float:
+        requests, prefill_tokens = self._load_source()
+        now_s = self._clock()
+        own = GatewayLoad(
+            schema_version=SCHEMA_VERSION,
+            gateway_id=self.gateway_id,
+            region=self.region,
+            updated_at=now_s,
+            outstanding_requests={node: count for node, count in requests.items() if count},
+            outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
+        )
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(self._keys.gateway_load, self.gateway_id, encode(own))
+        pipe.hgetall(self._keys.gateway_load)
+        _, entries = await pipe.execute()
+        totals: dict[int, list[int]] = {}
+        expired: list[bytes | str] = []
+        for field, raw in entries.items():
+            name = field.decode() if isinstance(field, bytes) else field
+            if name == self.gateway_id:
+                continue
+            try:
+                peer = decode(raw, GatewayLoad)
+            except (msgspec.DecodeError, msgspec.ValidationError, UnknownSchemaVersion):
+                continue
+            age_s = now_s - peer.updated_at
+            if age_s > self.peer_stale_after_s:
+                if age_s > PRUNE_AFTER_S:
+                    expired.append(field)
+                continue
+            for node_id, count in peer.outstanding_requests.items():
+                totals.setdefault(node_id, [0, 0])[0] += count
+            for node_id, count in peer.outstanding_prefill_tokens.items():
+                totals.setdefault(node_id, [0, 0])[1] += count
+        if expired:
+            await self._redis.hdel(self._keys.gateway_load, *expired)
+        self._set_peer_load(
+            {node_id: NodeLoad(requests, tokens) for node_id, (requests, tokens) in totals.items()}, now_s
+        )
+        return self.load_interval_s
+
+    def _set_peer_load(self, load: dict[int, NodeLoad], now_s: float) -> None:
+        self._peer_load = MappingProxyType(load)
+        self._peer_load_at_s = now_s
+        if self._on_peer_load is not None:
+            self._on_peer_load(self._peer_load)
+
+    def _expire_peer_load(self) -> None:
+        now_s = self._clock()
+        if self._peer_load and now_s - self._peer_load_at_s > self.peer_stale_after_s:
+            self._set_peer_load({}, now_s)
