@@ -26,8 +26,7 @@ from controlplane.fleet.models import LLMModel
 from controlplane.policies import canary_stats, publishing
 from controlplane.policies.choices import ExperimentKindChoices, ExperimentStatusChoices
 from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
-from routing.algorithms import REGISTRY
-from routing.contract import MAX_CANARY_SHARE, PolicySpec
+from routing.contract import ALGORITHMS, MAX_CANARY_SHARE, PolicySpec
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def trial_from_version(version: PolicyVersion) -> PolicySpec:
                 "edit its policy and start a draft instead."
             }
         ) from None
-    if spec.algorithm not in REGISTRY:
+    if spec.algorithm not in ALGORITHMS:  # the contract's list is the gateways' (policies.E001)
         raise ValidationError(
             {
                 "version": f"Version {version.number} uses algorithm {spec.algorithm!r}, which the gateways "
