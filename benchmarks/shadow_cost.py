@@ -9,7 +9,8 @@ by side, alternating request by request so both see the same machine load:
 
 - ``off``: build the ``RoutingView`` and run the live policy's ``choose`` (what ``_route`` does
   besides the prefix index, which a shadow does not change when the live policy already uses it);
-- ``on``: the same plus ``shadow_decision``.
+- ``on``: what ``_route`` does with a shadow: ``decide_with_shadow`` (a second ``choose`` on the same
+  view, or, for a gorgo shadow that only moves the weights, gorgo's per-node terms weighed twice).
 
 The tables are built by the gateway's own ``build_table`` from snapshots made by
 ``simulator.snapshots`` (nodes in three regions, measured RTTs, some load and some cached prefix
@@ -43,7 +44,7 @@ from routing.contract import (  # noqa: E402
     TrialSpec,
     algorithm_name,
 )
-from routing.proxy.shadow import shadow_decision  # noqa: E402
+from routing.proxy.shadow import decide_with_shadow  # noqa: E402
 from routing.state.table import build_table  # noqa: E402
 from simulator.snapshots import MODEL, make_node, make_snapshot  # noqa: E402
 
@@ -100,8 +101,7 @@ def measure(nodes_count: int, pair, iterations: int, rng: random.Random) -> dict
         view = RoutingView(
             table.region, candidates, params, load, table.rtt_ms, table.live, matched, sequence, "gw"
         )
-        decision = choose(view, request)
-        shadow_decision(shadow, view, request, decision)
+        decide_with_shadow(table.algorithm, shadow, view, request, live_view=True)
         return clock() - start
 
     for sequence in range(500):  # warm up
@@ -146,9 +146,10 @@ def main() -> None:
         "# The shadow's CPU cost per request",
         "",
         f"`python benchmarks/shadow_cost.py` on {machine}; {iterations:,} decisions per row, shadow on and "
-        "off alternating, timed on this thread's CPU clock. One decision = `RoutingView` + the live `choose`; with the shadow on, plus "
-        "`shadow_decision` (its `choose` on the same view, and GORGO pricing where an algorithm prices "
-        f"nothing). Budget: shadow p50 <= {BUDGET_US:g} us.",
+        "off alternating, timed on this thread's CPU clock. One decision = `RoutingView` + the live `choose`; with the shadow on, "
+        "`decide_with_shadow` instead of `choose` (the shadow's `choose` on the same view and GORGO pricing where an "
+        "algorithm prices nothing; a gorgo shadow that only moves the weights re-weighs the live decision's terms). "
+        f"Budget: shadow p50 <= {BUDGET_US:g} us.",
         "",
         "| nodes | live | shadow | off p50 us | on p50 us | shadow p50 us | off p99 us | on p99 us |",
         "|---:|---|---|---:|---:|---:|---:|---:|",

@@ -55,7 +55,7 @@ from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
 from routing.proxy.outcome import RequestOutcome
 from routing.proxy.relay import Relay
-from routing.proxy.shadow import shadow_decision
+from routing.proxy.shadow import decide_with_shadow
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.resilience.retry import Retrier
@@ -227,9 +227,12 @@ class Proxy:
             self._sequence,
             self._gateway_id,
         )
-        decision = algorithm.choose(view, request)
         if exchange is not None and table.shadow is not None:
-            exchange.shadow = shadow_decision(table.shadow, view, request, decision)
+            decision, exchange.shadow = decide_with_shadow(
+                algorithm, table.shadow, view, request, live_view=route is None
+            )
+        else:
+            decision = algorithm.choose(view, request)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
         return decision

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import msgspec
 
 from routing.algorithms.base import AlgorithmInfo
-from routing.contract import AlgorithmParams, NodeLiveState, NodeSpec, PolicySnapshot, TrialSpec, decode_trial
+from routing.contract import (
+    AlgorithmParams,
+    GorgoParams,
+    NodeLiveState,
+    NodeSpec,
+    PolicySnapshot,
+    TrialSpec,
+    decode_trial,
+)
 from routing.state.eligibility import eligible_nodes, served_models
 
 logger = logging.getLogger(__name__)
@@ -37,6 +45,7 @@ class TrialRoute:
     threshold: int  # canary: a session whose hash is below this is in the canary
     salt_crc: int  # the salt's crc32: the hash of a key continues from it
     same_guards: bool  # its residency, maximum RTT and model scope are the live policy's
+    reweighs: bool = False  # gorgo beside gorgo, same guards and default RTT: only the weights differ
 
     @property
     def id(self) -> int:
@@ -70,6 +79,12 @@ def load_trial(
             "snapshot v%d: ignoring its trial (serving the live policy only): %s", snapshot.version, exc
         )
         return None
+    same_guards = (spec.policy.residency, spec.policy.max_rtt_ms, spec.policy.model_scope) == (
+        snapshot.policy.residency,
+        snapshot.policy.max_rtt_ms,
+        snapshot.policy.model_scope,
+    )
+    live_params = snapshot.policy.params
     return TrialRoute(
         spec=spec,
         algorithm=algorithm,
@@ -77,8 +92,11 @@ def load_trial(
         candidates=candidates,
         threshold=int(min(max(spec.share, 0.0), 0.5) * HASH_SPACE),
         salt_crc=zlib.crc32(spec.salt.encode()),
-        same_guards=(spec.policy.residency, spec.policy.max_rtt_ms, spec.policy.model_scope)
-        == (snapshot.policy.residency, snapshot.policy.max_rtt_ms, snapshot.policy.model_scope),
+        same_guards=same_guards,
+        reweighs=same_guards
+        and isinstance(spec.policy.params, GorgoParams)
+        and isinstance(live_params, GorgoParams)
+        and spec.policy.params.default_rtt_ms == live_params.default_rtt_ms,
     )
 
 
