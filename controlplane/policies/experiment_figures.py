@@ -5,8 +5,7 @@ left off (``figures["cursor"]``, a stream id; at the start, the experiment's sta
 ``MAX_RECORDS_PER_TICK`` entries, adds the records that name the experiment, and saves the sums and
 the new cursor in one transaction that first checks the cursor is still the one it read
 (compare-and-swap), so every record counts once even if two workers ran it at once. It reads with
-XRANGE beside the telemetry aggregation's consumer group, like the online tuner: telemetry sits
-above policies and cannot call into it. The sums, per gateway region:
+XRANGE (``policies.request_log``), like the online tuner. The sums, per gateway region:
 
 - ``shadow``: ``requests`` the shadow decided too, ``moved`` (it would have chosen another node),
   ``cross_live`` / ``cross_shadow`` (the live / the shadow node is in another region), and the
@@ -24,17 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import redis
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from controlplane.policies.models import PolicyExperiment
-from routing.contract import REQUEST_STREAM_FIELD, CostTerms, RedisKeys, RequestRecord, decode
+from controlplane.policies.request_log import read_records, stream_id_at
+from routing.contract import CostTerms, RedisKeys, RequestRecord
 
 MAX_RECORDS_PER_TICK = 50_000
-READ_BATCH = 2_000
 
 
 def predicted_ttft_ms(cost: CostTerms | None, node_id: int | None) -> float | None:
@@ -52,30 +50,16 @@ def failed(record: RequestRecord) -> bool:
 def collect(client: redis.Redis, keys: RedisKeys, experiment: PolicyExperiment) -> int:
     """Add the request-log records since the experiment's cursor to its figures; how many were its own."""
     figures = dict(experiment.figures or {})
-    cursor = figures.get("cursor") or f"{int(experiment.started_at.timestamp() * 1000)}-0"
-    start, last_id, read, mine = cursor, cursor, 0, []
-    inclusive = "cursor" not in figures  # the start time itself; afterwards, strictly after the cursor
-    while read < MAX_RECORDS_PER_TICK:
-        batch = client.xrange(
-            keys.request_stream, min=start if inclusive else f"({start}", max="+", count=READ_BATCH
-        )
-        if not batch:
-            break
-        read += len(batch)
-        for _entry_id, fields in batch:
-            raw = fields.get(REQUEST_STREAM_FIELD.encode())
-            if raw is None:
-                continue
-            try:
-                record = decode(raw, RequestRecord)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                continue
-            if experiment.pk in (record.shadow_id, record.canary_id):
-                mine.append(record)
-        last_id = batch[-1][0].decode() if isinstance(batch[-1][0], bytes) else batch[-1][0]
-        start, inclusive = last_id, False
-        if len(batch) < READ_BATCH:
-            break
+    cursor = figures.get("cursor") or stream_id_at(experiment.started_at.timestamp())
+    # From the start time itself at first; afterwards, strictly after the cursor.
+    mine, last_id = read_records(
+        client,
+        keys,
+        cursor,
+        inclusive="cursor" not in figures,
+        limit=MAX_RECORDS_PER_TICK,
+        keep=lambda record: experiment.pk in (record.shadow_id, record.canary_id),
+    )
     if last_id == cursor:
         return 0
     with transaction.atomic():

@@ -39,15 +39,15 @@ from controlplane.connections import redis_client, redis_keys
 from controlplane.policies import experiments, publishing, tuner_math
 from controlplane.policies.choices import ExperimentKindChoices, ExperimentStatusChoices
 from controlplane.policies.models import PolicyExperiment, RoutingPolicy, TuningWindow
+from controlplane.policies.request_log import read_records, stream_id_at
 from controlplane.policies.tuner_math import Bounds, TunerState, Weights
-from routing.contract import REQUEST_STREAM_FIELD, GorgoParams, PolicySnapshot, RequestRecord, decode
+from routing.contract import GorgoParams, PolicySnapshot
 
 log = logging.getLogger(__name__)
 
 TUNER_AUTHOR = "online tuner"
 SETTLE_S = 2.0  # gateways swap to a new snapshot within a second of its announcement
 MAX_WINDOW_RECORDS = 50_000  # read at most this many request-log entries per tick
-READ_BATCH = 2_000
 BOUNDS = Bounds()
 
 
@@ -58,34 +58,19 @@ def live_weights(snapshot: PolicySnapshot) -> Weights | None:
 
 def window_ttfts(client: redis.Redis, canary_id: int, since_s: float) -> dict[str, list[float]]:
     """TTFTs (ms) per arm (``live``, ``canary``) of the answered requests of canary ``canary_id`` since ``since_s``."""
-    key = redis_keys().request_stream
-    start = f"{int(since_s * 1000)}-0"
+    records, _ = read_records(
+        client,
+        redis_keys(),
+        stream_id_at(since_s),
+        inclusive=True,
+        limit=MAX_WINDOW_RECORDS,
+        keep=lambda r: (
+            r.canary_id == canary_id and r.arm is not None and r.status == 200 and r.ttft_ms is not None
+        ),
+    )
     ttfts: dict[str, list[float]] = {"live": [], "canary": []}
-    read = 0
-    while read < MAX_WINDOW_RECORDS:
-        batch = client.xrange(key, min=start, max="+", count=READ_BATCH)
-        if not batch:
-            break
-        read += len(batch)
-        for _entry_id, fields in batch:
-            raw = fields.get(REQUEST_STREAM_FIELD.encode())
-            if raw is None:
-                continue
-            try:
-                record = decode(raw, RequestRecord)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                continue
-            if (
-                record.canary_id == canary_id
-                and record.arm in ttfts
-                and record.status == 200
-                and record.ttft_ms is not None
-            ):
-                ttfts[record.arm].append(record.ttft_ms)
-        last_id = batch[-1][0]
-        start = "(" + (last_id.decode() if isinstance(last_id, bytes) else last_id)
-        if len(batch) < READ_BATCH:
-            break
+    for record in records:
+        ttfts[record.arm].append(record.ttft_ms)
     return ttfts
 
 

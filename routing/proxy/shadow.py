@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from routing.algorithms import gorgo
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
-from routing.contract import CostTerms, GorgoParams, NodeSpec
+from routing.contract import AlgorithmParams, CostTerms, GorgoParams, NodeSpec
 from routing.state.trials import TrialRoute
 
 _PRICING_PARAMS = GorgoParams()
@@ -63,17 +63,7 @@ def shadow_decision(
     candidates = view.candidates if shadow.same_guards else shadow.candidates.get(request.model)
     if not candidates:
         return ShadowOutcome(shadow.id, None, None, live_cost)
-    shadow_view = RoutingView(
-        view.region,
-        candidates,
-        shadow.params,
-        view.load,
-        view.rtt_ms,
-        view.live,
-        view.matched_tokens,
-        view.sequence,
-        view.gateway_id,
-    )
+    shadow_view = _beside(view, candidates, shadow.params)
     decision = shadow.algorithm.choose(shadow_view, request)
     cost = decision.cost if _priced(decision) else price(shadow_view, request, decision.node)
     return ShadowOutcome(shadow.id, decision.node, cost, live_cost)
@@ -82,9 +72,14 @@ def shadow_decision(
 def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTerms | None:
     """The GORGO cost model's terms (rtt, queue, prefill) for ``node`` on ``view``."""
     params = view.params if isinstance(view.params, GorgoParams) else _PRICING_PARAMS
-    one = RoutingView(
+    return gorgo.choose(_beside(view, (node,), params), request).cost
+
+
+def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: AlgorithmParams) -> RoutingView:
+    """``view`` with other candidates and parameters: the same load, RTT, live state and matches."""
+    return RoutingView(
         view.region,
-        (node,),
+        candidates,
         params,
         view.load,
         view.rtt_ms,
@@ -93,7 +88,6 @@ def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTer
         view.sequence,
         view.gateway_id,
     )
-    return gorgo.choose(one, request).cost
 
 
 def _priced(decision: Decision) -> bool:

@@ -7,13 +7,12 @@ a ``policy.experiment`` message through the channel layer, which the open page m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import OPERATOR, DashboardServer
-from tests.browser.test_dashboard import Session
+from tests.browser.conftest import DashboardServer
+from tests.browser.test_dashboard import Session, operator_session  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -47,15 +46,10 @@ canary.save()
 """
 
 
-@pytest.fixture
-def operator_session(browser, server: DashboardServer) -> Iterator[Session]:
-    session = Session(browser, server, OPERATOR)
-    yield session
-    session.close()
-
-
 def test_the_policy_page_shows_shadow_figures_and_follows_a_canary_live(
-    operator_session: Session, server: DashboardServer, artifacts: Path
+    operator_session: Session,  # noqa: F811  (the fixture of that name)
+    server: DashboardServer,
+    artifacts: Path,
 ) -> None:
     policy_id, shadow_id, canary_id = server.manage("shell", "-c", START).split()[-3:]
     page = operator_session.page

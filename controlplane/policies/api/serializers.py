@@ -297,7 +297,7 @@ class PolicyExperimentSerializer(serializers.ModelSerializer):
     def get_trial(self, experiment: PolicyExperiment) -> dict:
         return msgspec.json.decode(experiment.spec)
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_comparison(self, experiment: PolicyExperiment) -> list[dict]:
         if experiment.kind != ExperimentKindChoices.CANARY:
             return []
