@@ -10,6 +10,7 @@ keeps serving the live policy. ``in_canary`` is the session hash that picks the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from collections.abc import Mapping
@@ -75,9 +76,7 @@ def load_trial(
             model: eligible_nodes(as_live, model, region, live, rtt_ms)[0] for model in served_models(as_live)
         }
     except Exception as exc:  # whatever it is, the live policy must keep serving
-        logger.warning(
-            "snapshot v%d: ignoring its trial (serving the live policy only): %s", snapshot.version, exc
-        )
+        _warn_once(f"snapshot v{snapshot.version}: ignoring its trial (serving the live policy only): {exc}")
         return None
     same_guards = (spec.policy.residency, spec.policy.max_rtt_ms, spec.policy.model_scope) == (
         snapshot.policy.residency,
@@ -108,3 +107,9 @@ def in_canary(canary: TrialRoute, key: str) -> bool:
     own sessions. About 0.1 us.
     """
     return zlib.crc32(key.encode(), canary.salt_crc) < canary.threshold
+
+
+@functools.lru_cache(maxsize=16)
+def _warn_once(message: str) -> None:
+    # The table is rebuilt on every live-state change; say it once per snapshot, not every second.
+    logger.warning("%s", message)
