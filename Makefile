@@ -49,6 +49,10 @@ run: install
 test: lint
 	@bash scripts/ensure_chromium.sh || true
 	@bash scripts/ensure_promtool.sh || true
+	@# vLLM's CPU build for tests/conformance (once: ~3-4 min; then instant), in the background:
+	@# the test session waits for it (a lock) only when its real-vLLM tests come, last. If it
+	@# fails, every real-vLLM test FAILS with its log (tests/real_vllm.py), never skips.
+	@mkdir -p var && ($(PY) scripts/ensure_vllm.py >var/ensure-vllm.log 2>&1 &)
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \

@@ -67,7 +67,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write
-from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.snapshots import make_node, make_snapshot
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult

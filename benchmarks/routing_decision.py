@@ -269,7 +269,7 @@ def measure_precise(fleet: dict[str, Any], iterations: int) -> dict[str, Any]:
     from routing.cache.tokenization import ModelTokenizer
     from routing.contract import GorgoParams
     from simulator.kv_events import BlockRemoved, BlockStored, encode_batch
-    from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+    from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
     from simulator.text import text_of_tokens
     from simulator.traffic.workloads import _system_prompt
 

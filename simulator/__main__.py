@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default=None, help="listen on this address instead of each node's host")
     parser.add_argument("--only", default=None, help="comma-separated node names to serve (default: all)")
+    parser.add_argument(
+        "--skip-region",
+        default=None,
+        help="serve no node of this region (GORGO_FLEET=vllm make run serves it with real vLLM)",
+    )
     parser.add_argument("--port-offset", type=int, default=0, help="add N to every configured port")
     parser.add_argument(
         "--auto-ports", action="store_true", help="let the OS pick free ports (printed in the table)"
@@ -64,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[NODE=]JSON",
         help="vLLM's --kv-events-config for NODE (repeatable; without NODE= when serving one node), "
         'e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}\'',
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM's flag: report usage.prompt_tokens_details.cached_tokens (default: the topology's "
+        "enable_prompt_tokens_details; vLLM's own default is off)",
     )
     parser.add_argument("--json", action="store_true", help="print the nodes as one JSON line")
     parser.add_argument(
@@ -117,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topology = load_topology(args.topology)
         only = [name.strip() for name in args.only.split(",") if name.strip()] if args.only else None
+        if args.skip_region:
+            only = [
+                node.name
+                for node in topology.nodes
+                if node.region != args.skip_region and (only is None or node.name in only)
+            ]
         served = only if only is not None else [node.name for node in topology.nodes]
         fleet = Fleet.start(
             topology,
@@ -128,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             time_scale=args.time_scale,
             region_ports=args.region_ports,
             kv_events=parse_kv_events_args(args.kv_events_config, served),
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         )
     except (TopologyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

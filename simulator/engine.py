@@ -115,6 +115,7 @@ class SimRequest:
     num_computed_tokens: int = 0
     blocks: list[BlockEntry] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks so far
+    cache_salt: str | None = None  # vLLM's cache_salt: part of the first block's hash
     num_published_blocks: int = 0  # leading blocks already registered in the cache
     num_cached_tokens: int | None = None  # prefix hit at first admission (usage.cached_tokens)
     num_output_tokens: int = 0
@@ -213,6 +214,7 @@ class Engine:
         *,
         ignore_eos: bool = False,
         min_tokens: int = 0,
+        cache_salt: str | None = None,
     ) -> SimRequest:
         """Queue a request; its tokens arrive on ``request.channel``. The caller validated lengths."""
         if self._dead:
@@ -233,6 +235,7 @@ class Engine:
             stop_after_tokens=max(1, stop_after),
             arrival_s=asyncio.get_running_loop().time(),
             pieces=answer_pieces(digest),
+            cache_salt=cache_salt or None,
         )
         self.metrics.request_params_max_tokens.observe(max_tokens)
         self.waiting.append(request)
@@ -358,7 +361,7 @@ class Engine:
         # At least the last token is always computed, so at most num_tokens - 1 can be hits.
         max_hit_blocks = (num_tokens - 1) // block_size
         extend_block_hashes(
-            request.block_hashes, request.token_ids, block_size, max_hit_blocks, self.hash_root
+            request.block_hashes, request.token_ids, block_size, max_hit_blocks, self._hash_root(request)
         )
         matched_blocks = self.pool.match_prefix(request.block_hashes, max_hit_blocks)
         matched = request.block_hashes[:matched_blocks]
@@ -409,7 +412,9 @@ class Engine:
         num_full = request.num_computed_tokens // block_size
         if num_full <= request.num_published_blocks:
             return
-        extend_block_hashes(request.block_hashes, request.token_ids, block_size, num_full, self.hash_root)
+        extend_block_hashes(
+            request.block_hashes, request.token_ids, block_size, num_full, self._hash_root(request)
+        )
         run_start = -1  # first block of the current run of newly cached blocks (one BlockStored each)
         for index in range(request.num_published_blocks, num_full):
             published = False
@@ -427,6 +432,14 @@ class Engine:
             self._note_stored(request, run_start, num_full)
         request.num_published_blocks = num_full
 
+    def _hash_root(self, request: SimRequest) -> int:
+        """The parent of the request's first block: the engine's root, salted as vLLM salts the
+        first block's hash with ``cache_salt`` (so every later block differs too)."""
+        if request.cache_salt is None:
+            return self.hash_root
+        payload = self.hash_root.to_bytes(8, "little") + request.cache_salt.encode("utf-8")
+        return int.from_bytes(blake2b(payload, digest_size=8).digest(), "little")
+
     def _note_stored(self, request: SimRequest, start: int, end: int) -> None:
         """Record a BlockStored for blocks [start, end) of a request (when events are published)."""
         if self.publisher is None:
@@ -438,6 +451,11 @@ class Engine:
                 parent_block_hash=request.block_hashes[start - 1] if start > 0 else None,
                 token_ids=tuple(request.token_ids[start * block_size : end * block_size]),
                 block_size=block_size,
+                # vLLM: one entry per block, the salt on the first block only (it is hashed there).
+                extra_keys=tuple(
+                    (request.cache_salt,) if index == 0 and request.cache_salt is not None else None
+                    for index in range(start, end)
+                ),
             )
         )
 

@@ -45,7 +45,9 @@ class Fleet:
         time_scale: float = 1.0,
         region_ports: bool = False,
         kv_events: Mapping[str, KVEventsConfig | str | Mapping[str, Any]] | None = None,
+        enable_prompt_tokens_details: bool | None = None,
     ) -> None:
+        """``enable_prompt_tokens_details`` (vLLM's flag) overrides every node's topology value."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.topology = topology
@@ -80,8 +82,17 @@ class Fleet:
                     raise TopologyError(f"node {spec.name}: {exc}") from None
             if events is not None and (auto_ports or port_offset):
                 events = _shift_ports(events, 0 if auto_ports else port_offset, auto=auto_ports)
+            details = (
+                spec.enable_prompt_tokens_details
+                if enable_prompt_tokens_details is None
+                else enable_prompt_tokens_details
+            )
             self.nodes[spec.name] = SimNode(
-                dataclasses.replace(spec, engine=params, kv_events=events), topology, time_scale=time_scale
+                dataclasses.replace(
+                    spec, engine=params, kv_events=events, enable_prompt_tokens_details=details
+                ),
+                topology,
+                time_scale=time_scale,
             )
         # request key -> (client region, lower-bound TTFT ms), filled while ``record_oracle`` is on
         self.oracle_ms: dict[str, tuple[str, float]] = {}

@@ -1,27 +1,35 @@
-"""vLLM's KV-cache events, published by the emulated engine exactly as vLLM puts them on the wire.
+"""vLLM's KV-cache events, published by the emulated engine exactly as vLLM 0.32 puts them on the wire.
 
 vLLM (``vllm/distributed/kv_events.py``, ``vllm/config/kv_events.py``), enabled by
-``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}'``:
+``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}'``.
+Observed on a real vLLM 0.32.0 (docs/vllm.md; pinned by tests/conformance on both):
 
 - A ZMQ PUB socket sends one message per engine step that changed the cache, three frames:
   the topic, the sequence number (8 bytes, big-endian, from 0 for each process), and the msgpack
-  payload ``EventBatch{ts, events, data_parallel_rank}``.
+  payload ``EventBatch`` = ``[ts, events, data_parallel_rank]``.
 - Events: ``BlockStored{block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-  lora_name, ...}`` when full blocks become cached, ``BlockRemoved{block_hashes, medium}`` when
-  cached blocks are evicted, ``AllBlocksCleared{}`` when the prefix cache is reset.
-- Encodings: older vLLM encodes the batch and each event as positional arrays with the event's tag
-  first (``"legacy"``); since 2026-06 they are maps with the tag under ``"type"`` (``"map"``).
-  Selectable per node here (the simulator-only key ``encoding``), so a mixed fleet can be tested.
-- Optional replay on a ROUTER socket (``replay_endpoint``): a client sends a start sequence number
-  (8 bytes, big-endian); the publisher answers ``(seq, payload)`` for every buffered batch from
-  there (the last ``buffer_steps``) and ends with seq -1 and an empty payload.
+  lora_name, extra_keys, group_idx, kv_cache_spec_kind}`` when full blocks become cached,
+  ``BlockRemoved{block_hashes, medium, group_idx}`` when cached blocks are evicted,
+  ``AllBlocksCleared{}`` when the prefix cache is reset. ``extra_keys`` has one entry per block:
+  ``[cache_salt]`` on a salted request's first block (the salt is hashed there, and the chain
+  carries it on), else null; ``lora_name`` names the request's LoRA adapter.
+- Encodings: older vLLM encodes each event as a positional array with its tag first
+  (``"legacy"``); 0.32 encodes each as a map with the tag under ``"type"`` (``"map"``), inside
+  the array batch. Selectable per node here (the simulator-only key ``encoding``).
+- Bind or connect by the endpoint's shape, as vLLM: an endpoint with ``*`` or ``::`` (or
+  ``ipc://``, ``inproc://``) is bound; any other address is connected to, and the consumer binds.
+- Optional replay on a ROUTER socket (``replay_endpoint``, always bound): a DEALER sends
+  ``(b"", start_seq)`` (8 bytes, big-endian); 0.32 answers ``(client_id, b"", topic, seq,
+  payload)`` per buffered batch from there (the last ``buffer_steps``) and ends with
+  ``(client_id, b"", b"", -1, b"")``. Older vLLM answered ``(client_id, b"", seq, payload)``;
+  the simulator-only key ``replay_format: "pre-0.32"`` speaks that, for gateway tests.
 - With data parallelism each rank publishes on the base port + its rank.
 
-Block hashes chain from a random root drawn per engine start (vLLM's ``NONE_HASH`` is random per
-process unless ``PYTHONHASHSEED`` is set), so a router cannot recompute them: it must key blocks by
-the ``token_ids`` the events carry. This emulator sends hashes as integers in the legacy encoding
-and as 8-byte strings in the map encoding; vLLM sends either, depending on version and hash
-function, so consumers must accept both.
+Block hashes chain from a random root drawn per engine start, so a router cannot recompute them:
+it must key blocks by the ``token_ids`` (and ``extra_keys``, ``lora_name``) the events carry.
+(vLLM 0.32's default sha256 hashing uses a fixed seed, so its hashes repeat across processes; the
+emulator's do not, which a consumer must not rely on either way.) Hashes are unsigned 64-bit
+integers, as vLLM 0.32 sends by default.
 
 One difference from vLLM: an endpoint with ``*`` binds on the node's own listen address (127.0.0.1
 by default) instead of every interface, so the emulated fleet stays on loopback; port 0 picks a
@@ -48,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 Encoding = Literal["legacy", "map"]
 ENCODINGS: tuple[Encoding, ...] = ("legacy", "map")
+# How a replay reply is framed. vLLM 0.32: the ROUTER sends (client_id, b"", topic, seq, payload)
+# per batch and (client_id, b"", b"", END_SEQ, b"") last, so a DEALER receives four frames
+# (b"", topic, seq, payload). Before 0.32: (client_id, b"", seq, payload), the DEALER gets three.
+ReplayFormat = Literal["v0.32", "pre-0.32"]
+REPLAY_FORMATS: tuple[ReplayFormat, ...] = ("v0.32", "pre-0.32")
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 MEDIUM_GPU = "GPU"
 
@@ -72,6 +85,7 @@ class KVEventsConfig:
     max_queue_size: int = 100_000
     topic: str = ""
     encoding: Encoding = "map"
+    replay_format: ReplayFormat = "v0.32"
 
     @property
     def enabled(self) -> bool:
@@ -113,6 +127,10 @@ def parse_kv_events_config(raw: str | Mapping[str, Any]) -> KVEventsConfig:
         raise KVEventsConfigError(
             f"kv_events_config.publisher must be 'zmq' or 'null', got {data['publisher']!r}"
         )
+    if data.get("replay_format", "v0.32") not in REPLAY_FORMATS:
+        raise KVEventsConfigError(
+            f"kv_events_config.replay_format must be one of {REPLAY_FORMATS}, got {data['replay_format']!r}"
+        )
     if data.get("encoding", "map") not in ENCODINGS:
         raise KVEventsConfigError(
             f"kv_events_config.encoding must be one of {ENCODINGS}, got {data['encoding']!r}"
@@ -127,6 +145,10 @@ def parse_kv_events_config(raw: str | Mapping[str, Any]) -> KVEventsConfig:
     for key, endpoint in (("endpoint", config.endpoint), ("replay_endpoint", config.replay_endpoint)):
         if endpoint is not None and config.enabled:
             _split_tcp(endpoint, key)
+    if config.enabled and not binds(config.endpoint) and _split_tcp(config.endpoint, "endpoint")[1] == 0:
+        raise KVEventsConfigError(
+            f"kv_events_config.endpoint {config.endpoint!r} is connected to (no '*'): it needs a real port"
+        )
     return config
 
 
@@ -137,6 +159,13 @@ def _split_tcp(endpoint: str, key: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise KVEventsConfigError(f"kv_events_config.{key} has a bad port: {endpoint!r}")
     return host, int(port)
+
+
+def binds(endpoint: str) -> bool:
+    """vLLM's rule (``ZmqEventPublisher._is_bind_endpoint``): an endpoint with ``*`` or ``::``
+    (or ``ipc://``/``inproc://``) is bound; any other address is CONNECTED to, so whoever
+    consumes the events must bind it. Replay endpoints are always bound."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
 def offset_endpoint(endpoint: str, data_parallel_rank: int) -> str:
@@ -154,10 +183,16 @@ def offset_endpoint(endpoint: str, data_parallel_rank: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
+    """Full blocks that became cached. ``extra_keys``: one entry per block, what vLLM hashed with
+    the block's tokens beyond them (``(cache_salt,)`` on a salted request's first block, else
+    None); ``lora_name``: the request's LoRA adapter (None: the base model)."""
+
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,28 +208,31 @@ class AllBlocksCleared:
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-def _hash_bytes(value: int) -> bytes:
-    return value.to_bytes(8, "big")
-
-
 def encode_batch(events: list[Event], ts: float, data_parallel_rank: int, encoding: Encoding) -> bytes:
-    """The msgpack payload of one ``EventBatch``, in vLLM's legacy (arrays) or map encoding."""
+    """The msgpack payload of one ``EventBatch``, in vLLM's legacy (arrays) or map encoding.
+
+    ``map`` is vLLM 0.32's wire format as observed (docs/vllm.md): the batch is an ARRAY
+    ``[ts, events, data_parallel_rank]`` (vLLM's ``EventBatch`` is ``array_like``), each event a
+    map tagged ``"type"`` with defaults omitted; block hashes are unsigned 64-bit integers (vLLM's
+    default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); ``extra_keys`` has one entry per block.
+    """
     if encoding == "legacy":
         encoded: list[Any] = []
         for event in events:
             if isinstance(event, BlockStored):
-                encoded.append(
-                    [
-                        "BlockStored",
-                        list(event.block_hashes),
-                        event.parent_block_hash,
-                        list(event.token_ids),
-                        event.block_size,
-                        None,  # lora_id
-                        MEDIUM_GPU,
-                        None,  # lora_name
-                    ]
-                )
+                stored: list[Any] = [
+                    "BlockStored",
+                    list(event.block_hashes),
+                    event.parent_block_hash,
+                    list(event.token_ids),
+                    event.block_size,
+                    None,  # lora_id
+                    MEDIUM_GPU,
+                    event.lora_name,
+                ]
+                if event.extra_keys is not None:
+                    stored.append([None if k is None else list(k) for k in event.extra_keys])
+                encoded.append(stored)
             elif isinstance(event, BlockRemoved):
                 encoded.append(["BlockRemoved", list(event.block_hashes), MEDIUM_GPU])
             else:
@@ -203,33 +241,33 @@ def encode_batch(events: list[Event], ts: float, data_parallel_rank: int, encodi
     maps: list[dict[str, Any]] = []
     for event in events:
         if isinstance(event, BlockStored):
-            maps.append(
-                {
-                    "type": "BlockStored",
-                    "block_hashes": [_hash_bytes(h) for h in event.block_hashes],
-                    "parent_block_hash": (
-                        None if event.parent_block_hash is None else _hash_bytes(event.parent_block_hash)
-                    ),
-                    "token_ids": list(event.token_ids),
-                    "block_size": event.block_size,
-                    "lora_id": None,
-                    "medium": MEDIUM_GPU,
-                    "lora_name": None,
-                    "group_idx": 0,
-                }
-            )
+            stored_map: dict[str, Any] = {
+                "type": "BlockStored",
+                "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": list(event.token_ids),
+                "block_size": event.block_size,
+                "lora_id": None,
+                "medium": MEDIUM_GPU,
+                "lora_name": event.lora_name,
+            }
+            if event.extra_keys is not None:
+                stored_map["extra_keys"] = [None if k is None else list(k) for k in event.extra_keys]
+            stored_map["group_idx"] = 0
+            stored_map["kv_cache_spec_kind"] = "full_attention"
+            maps.append(stored_map)
         elif isinstance(event, BlockRemoved):
             maps.append(
                 {
                     "type": "BlockRemoved",
-                    "block_hashes": [_hash_bytes(h) for h in event.block_hashes],
+                    "block_hashes": list(event.block_hashes),
                     "medium": MEDIUM_GPU,
                     "group_idx": 0,
                 }
             )
         else:
             maps.append({"type": "AllBlocksCleared"})
-    return msgspec.msgpack.encode({"ts": ts, "events": maps, "data_parallel_rank": data_parallel_rank})
+    return msgspec.msgpack.encode([ts, maps, data_parallel_rank])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +297,9 @@ class Publisher:
 
     def _bind(self, socket: zmq.Socket[Any], endpoint: str, previous: str | None) -> str:
         host, port = _split_tcp(offset_endpoint(endpoint, self.data_parallel_rank), "endpoint")
+        if not binds(endpoint):  # vLLM connects out to such an endpoint; a subscriber binds there
+            socket.connect(f"tcp://{host}:{port}")
+            return f"tcp://{host}:{port}"
         if host in ("*", "0.0.0.0", ""):
             host = self._host
         if previous is not None:  # a restart keeps the port it had
@@ -291,7 +332,11 @@ class Publisher:
                 replay = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
                 replay.setsockopt(zmq.LINGER, 0)
                 try:
-                    self.replay_endpoint = self._bind(replay, config.replay_endpoint, self.replay_endpoint)
+                    # vLLM binds the replay endpoint whatever its shape.
+                    replay_endpoint = config.replay_endpoint
+                    if not binds(replay_endpoint):
+                        replay_endpoint = "tcp://*:" + replay_endpoint.rpartition(":")[2]
+                    self.replay_endpoint = self._bind(replay, replay_endpoint, self.replay_endpoint)
                 except BaseException:
                     replay.close()
                     raise
@@ -339,7 +384,15 @@ class Publisher:
                 continue
             client, delimiter, start = frames
             start_seq = int.from_bytes(start, "big")
+            if self.config.replay_format == "pre-0.32":
+                for seq, payload in list(self._buffer):
+                    if seq >= start_seq:
+                        await socket.send_multipart((client, delimiter, seq.to_bytes(8, "big"), payload))
+                await socket.send_multipart((client, delimiter, END_SEQ, b""))
+                continue
             for seq, payload in list(self._buffer):
                 if seq >= start_seq:
-                    await socket.send_multipart((client, delimiter, seq.to_bytes(8, "big"), payload))
-            await socket.send_multipart((client, delimiter, END_SEQ, b""))
+                    await socket.send_multipart(
+                        (client, delimiter, self._topic, seq.to_bytes(8, "big"), payload)
+                    )
+            await socket.send_multipart((client, delimiter, b"", END_SEQ, b""))

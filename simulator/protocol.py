@@ -54,6 +54,9 @@ class _SamplingFields(msgspec.Struct):
     # vLLM extensions
     ignore_eos: bool = False
     min_tokens: NonNegativeInt = 0
+    # vLLM's tenant isolation: mixed into the first block's hash, so requests with other salts
+    # (or none) never share cached blocks; published as the first block's ``extra_keys``.
+    cache_salt: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -132,13 +135,16 @@ def json_response(body: Any, headers: dict[str, str] | None = None) -> web.Respo
 # --------------------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """vLLM's usage block; ``prompt_tokens_details`` as with ``--enable-prompt-tokens-details``."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, *, prompt_tokens_details: bool
+) -> dict[str, Any]:
+    """vLLM's usage block. vLLM adds ``prompt_tokens_details: {"cached_tokens"}`` only when
+    started with ``--enable-prompt-tokens-details`` (otherwise the key is ``null``)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if prompt_tokens_details else None,
     }
 
 

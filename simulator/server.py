@@ -358,6 +358,11 @@ class SimNode:
                 requested = parsed.max_tokens
             if parsed.n != 1:
                 raise RequestError("The simulator supports n=1 only.", param="n")
+            if parsed.cache_salt is not None and not parsed.cache_salt:
+                raise RequestError(
+                    "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+                    param="cache_salt",
+                )
             max_tokens = self._check_length(len(prompt_ids), requested)
             if engine is None or not engine.alive:
                 raise EngineDead
@@ -369,6 +374,7 @@ class SimNode:
                 max_tokens,
                 ignore_eos=parsed.ignore_eos,
                 min_tokens=parsed.min_tokens,
+                cache_salt=parsed.cache_salt,
             )
         except RequestError as exc:
             return error_response(exc)
@@ -400,6 +406,12 @@ class SimNode:
             )
         if requested is None:
             return limit - prompt_tokens
+        if requested > limit:  # vLLM 0.32's message and param, as observed (docs/vllm.md)
+            raise RequestError(
+                f"max_tokens={requested} cannot be greater than max_model_len={limit}. Please request "
+                f"fewer output tokens. (parameter=max_tokens, value={requested})",
+                param="max_tokens",
+            )
         if prompt_tokens + requested > limit:
             raise RequestError(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
@@ -420,7 +432,10 @@ class SimNode:
             if event.finish_reason is not None:
                 break
         usage_ = usage(
-            sim_request.num_prompt_tokens, sim_request.num_output_tokens, sim_request.num_cached_tokens or 0
+            sim_request.num_prompt_tokens,
+            sim_request.num_output_tokens,
+            sim_request.num_cached_tokens or 0,
+            prompt_tokens_details=self.spec.enable_prompt_tokens_details,
         )
         build = chat_completion_body if chat else completion_body
         body = build(
@@ -480,6 +495,7 @@ class SimNode:
                                 sim_request.num_prompt_tokens,
                                 sim_request.num_output_tokens,
                                 sim_request.num_cached_tokens or 0,
+                                prompt_tokens_details=self.spec.enable_prompt_tokens_details,
                             )
                         )
                     )

@@ -12,7 +12,7 @@ Rules (documented in docs/simulator.md):
    is what a byte-pair vocabulary does to rare long words. English prose comes out near 1.3
    tokens per word.
 4. A piece's id comes from the vocabulary of the emulated model's ``tokenizer.json``
-   (``simulator/model_files/``, written by ``simulator.model_files``: every piece the emulated
+   (``simulator/model_files/``, written by ``simulator.model_folder``: every piece the emulated
    model and the workloads produce) so a Hugging Face tokenizer loaded from that file gives the
    same ids; any other piece gets a stable hash (BLAKE2b, not Python's salted ``hash()``) into
    Llama-3's 128,000 regular ids. Either way ids are the same in every process and run.
@@ -58,7 +58,7 @@ def _load_vocab() -> dict[str, int]:
     try:
         with _TOKENIZER_JSON.open(encoding="utf-8") as handle:
             vocab = json.load(handle)["model"]["vocab"]
-    except FileNotFoundError:  # while simulator.model_files writes it for the first time
+    except FileNotFoundError:  # while simulator.model_folder writes it for the first time
         return {}
     vocab.pop("[UNK]", None)
     for special in (

@@ -108,6 +108,9 @@ class NodeSpec:
     gpu_count: int = 1
     # vLLM's --kv-events-config for this node (None: no events, as vLLM's default)
     kv_events: KVEventsConfig | None = None
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens is only
+    # reported with it (vLLM's default is off; the shipped topologies turn it on in [fleet])
+    enable_prompt_tokens_details: bool = False
 
     @property
     def url(self) -> str:
@@ -176,7 +179,7 @@ class Topology:
 # --------------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"fleet", "network", "engine", "regions", "nodes"}
-_FLEET_KEYS = {"name", "seed", "model", "host", "gpu_type"}
+_FLEET_KEYS = {"name", "seed", "model", "host", "gpu_type", "enable_prompt_tokens_details"}
 _NETWORK_KEYS = {"intra_region_rtt_ms", "intra_region_jitter_ms", "jitter_ms", "links"}
 _LINK_KEYS = {"a", "b", "rtt_ms", "jitter_ms"}
 _REGION_KEYS = {"slug", "name", "latitude", "longitude"}
@@ -190,6 +193,7 @@ _NODE_KEYS = {
     "gpu_type",
     "gpu_count",
     "kv_events_config",
+    "enable_prompt_tokens_details",
 }
 
 
@@ -254,8 +258,11 @@ def parse_topology(data: Mapping[str, Any]) -> Topology:
     default_model = _str(fleet.get("model", DEFAULT_MODEL), "fleet.model")
     default_host = _str(fleet.get("host", "127.0.0.1"), "fleet.host")
     default_gpu = _str(fleet.get("gpu_type", "H100-80GB"), "fleet.gpu_type")
+    default_details = _bool(
+        fleet.get("enable_prompt_tokens_details", False), "fleet.enable_prompt_tokens_details"
+    )
     nodes = tuple(
-        _node(raw, i, slugs, default_engine, default_model, default_host, default_gpu)
+        _node(raw, i, slugs, default_engine, default_model, default_host, default_gpu, default_details)
         for i, raw in enumerate(_array(data, "nodes"))
     )
     if not nodes:
@@ -308,6 +315,7 @@ def _node(
     default_model: str,
     default_host: str,
     default_gpu: str,
+    default_details: bool = False,
 ) -> NodeSpec:
     where = f"nodes[{index}]"
     if not isinstance(raw, Mapping):
@@ -341,7 +349,16 @@ def _node(
         gpu_type=_str(raw.get("gpu_type", default_gpu), f"{where}.gpu_type"),
         gpu_count=gpu_count,
         kv_events=kv_events,
+        enable_prompt_tokens_details=_bool(
+            raw.get("enable_prompt_tokens_details", default_details), f"{where}.enable_prompt_tokens_details"
+        ),
     )
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TopologyError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _engine(raw: Mapping[str, Any], base: EngineParams, where: str) -> EngineParams:

@@ -17,6 +17,7 @@ import redis
 
 from routing.contract import RedisKeys
 from simulator.harness import free_port, run_checked, stop_process_group, wait_until
+from tests.real_vllm import BOOT_TIMEOUT_S, INSTALL_TIMEOUT_S, RealVLLMFleet
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -188,12 +189,66 @@ _DATABASE_FIXTURES = {
 
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that touch the Django database ``uses_db``: ``make test`` runs those again
-    on SQLite after the full suite on PostgreSQL (the rest does not depend on the database)."""
+    on SQLite after the full suite on PostgreSQL (the rest does not depend on the database).
+
+    Tests on real vLLM servers go last (stable order otherwise), so vLLM installs (fresh clone)
+    and the servers boot while the rest of the suite runs; their time limit covers that wait."""
     for item in items:
         if item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(
             getattr(item, "fixturenames", ())
         ):
             item.add_marker(pytest.mark.uses_db)
+    real = [item for item in items if _uses_real_vllm(item)]
+    if real:
+        for item in real:
+            item.add_marker(pytest.mark.real_vllm)
+            item.add_marker(pytest.mark.timeout(INSTALL_TIMEOUT_S + BOOT_TIMEOUT_S + 300))
+        chosen = set(map(id, real))
+        items[:] = [item for item in items if id(item) not in chosen] + real
+
+
+def _uses_real_vllm(item: pytest.Item) -> bool:
+    """A test that takes ``real_vllm``, or a conformance test on its ``vllm`` side."""
+    if "real_vllm" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("target") == "vllm"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the real vLLM servers now, in the background, if any collected test uses them."""
+    if session.config.option.collectonly:
+        return
+    if any(_uses_real_vllm(item) for item in session.items):
+        log_dir = ROOT / "var" / "test-logs"
+        session.config.stash[_REAL_VLLM] = RealVLLMFleet.launch(log_dir)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    fleet = session.config.stash.get(_REAL_VLLM, None)
+    if fleet is not None:
+        fleet.stop()
+        boots = ", ".join(
+            f"{name} {server.ready_after_s:.0f} s"
+            for name, server in fleet.servers.items()
+            if server.ready_after_s is not None
+        )
+        if boots:
+            sys.stderr.write(f"\nreal vLLM servers ready after: {boots}\n")
+
+
+_REAL_VLLM = pytest.StashKey[RealVLLMFleet]()
+
+
+@pytest.fixture(scope="session")
+def real_vllm(request: pytest.FixtureRequest) -> RealVLLMFleet:
+    """The session's real vLLM servers (tests/real_vllm.py), ready; FAILS loudly without vLLM."""
+    fleet = request.config.stash.get(_REAL_VLLM, None)
+    if fleet is None:  # e.g. selected with -k after collection: launch now
+        fleet = RealVLLMFleet.launch(ROOT / "var" / "test-logs")
+        request.config.stash[_REAL_VLLM] = fleet
+    fleet.wait_ready()
+    return fleet
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from simulator.kv_events import (
     Publisher,
     encode_batch,
 )
-from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.text import text_of_tokens
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.routing.support import wait_for
@@ -33,8 +33,18 @@ NODE = "us-east-1"
 NODE_ID = 1
 
 
+# The gateway reads the pre-0.32 replay reply only, until issue 26's second phase teaches it 0.32's
+# (with the topic frame); the emulator speaks 0.32's by default.
+PRE_032_REPLAY = "pre-0.32"
+
+
 def events_config(encoding: str, replay: bool = True) -> str:
-    config = {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "encoding": encoding}
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://*:0",
+        "encoding": encoding,
+        "replay_format": PRE_032_REPLAY,
+    }
     if replay:
         config["replay_endpoint"] = "tcp://*:0"
     return json.dumps(config)
@@ -65,7 +75,18 @@ class TestDecoding:
         assert type(cleared).__name__ == "Cleared"
 
     def test_it_decodes_the_map_encoding_with_byte_hashes(self):
-        payload = encode_batch([BlockStored((11,), 10, tuple(range(16)), 16)], 2.0, 3, "map")
+        # vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends byte hashes (the emulator sends ints)
+        event = {
+            "type": "BlockStored",
+            "block_hashes": [(11).to_bytes(8, "big")],
+            "parent_block_hash": (10).to_bytes(8, "big"),
+            "token_ids": list(range(16)),
+            "block_size": 16,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+        }
+        payload = msgspec.msgpack.encode({"ts": 2.0, "events": [event], "data_parallel_rank": 3})
         batch = decode_batch(payload)
         assert batch.data_parallel_rank == 3
         assert batch.events[0].block_hashes == [(11).to_bytes(8, "big")]
@@ -211,6 +232,7 @@ async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int) 
         endpoint="tcp://*:0",
         replay_endpoint="tcp://*:0",
         buffer_steps=buffer_steps,
+        replay_format=PRE_032_REPLAY,
     )
     publisher = LossyPublisher(config, "127.0.0.1")
     publisher.start()

@@ -11,7 +11,7 @@ import msgspec
 
 from routing.contract import GorgoParams, KVEventsSpec, ModelSpec, TokenizerSpec
 from simulator.fleet import Fleet
-from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.text import text_of_tokens
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.routing.support import (
@@ -26,7 +26,13 @@ from tests.routing.support import (
 
 NODES = ("us-east-1", "us-east-2", "eu-central-1")
 EVENTS = {
-    "us-east-1": {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"},
+    # pre-0.32 replay: the gateway reads 0.32's reply only after issue 26's second phase
+    "us-east-1": {
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://*:0",
+        "replay_endpoint": "tcp://*:0",
+        "replay_format": "pre-0.32",
+    },
     "us-east-2": {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "encoding": "legacy"},
     "eu-central-1": {"enable_kv_cache_events": False},
 }

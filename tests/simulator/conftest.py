@@ -32,7 +32,7 @@ def small_topology(**engine: Any) -> Topology:
     """Regions ``near`` and ``far`` (200 ms apart); ``node-a`` in near, ``node-b`` in far."""
     return parse_topology(
         {
-            "fleet": {"name": "test", "seed": 1},
+            "fleet": {"name": "test", "seed": 1, "enable_prompt_tokens_details": True},
             "network": {
                 "intra_region_rtt_ms": 1.0,
                 "intra_region_jitter_ms": 0.0,

@@ -51,3 +51,14 @@ def test_it_rejects_an_unknown_node_name() -> None:
     )
     assert completed.returncode == 2
     assert "mars-1" in completed.stderr
+
+
+def test_skip_region_leaves_that_regions_nodes_to_real_vllm(processes: ProcessGroup) -> None:
+    """``GORGO_FLEET=vllm make run`` serves ap-south with real vLLM and the rest emulated."""
+    process = processes.start(
+        "simulator",
+        [sys.executable, "-m", "simulator", "--auto-ports", "--skip-region", "ap-south"],
+        ready_text=READY_LINE,
+    )
+    rows = {name: region for name, region, _ in URL_RE.findall(process.log())}
+    assert set(rows) == {"us-east-1", "us-east-2", "eu-central-1", "eu-central-2"}

@@ -21,7 +21,7 @@ from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, publish
-from simulator.model_files import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, NodeSpec, Topology, TopologyError, load_topology
 
 POLICY_NAME = "default"

@@ -1,10 +1,15 @@
-"""The emulated model's tokenizer and chat template as files, in Hugging Face's formats.
+"""The emulated model's folder (``simulator/model_files/``) in Hugging Face's formats, and how a
+model folder's tokenizer and chat template are read.
 
 A gateway that routes on KV events needs the prompt's token ids as the engine sees them, so it
-loads each model's ``tokenizer.json`` (Hugging Face ``tokenizers``) and chat template (Jinja), by
-path. For real models those are the model's own files; for the emulated fleet they are the two
-files this module writes to ``simulator/model_files/`` (``python -m simulator.model_files``), so
-the gateway runs one code path for both.
+loads each model's ``tokenizer.json`` (Hugging Face ``tokenizers``) and chat template (Jinja). A
+real model folder, as vLLM loads one, keeps the chat template in ``tokenizer_config.json``
+(``"chat_template"``); some ship it as ``chat_template.jinja`` beside it.
+``read_chat_template(folder)`` reads either (the config first, as transformers does). For the
+emulated fleet this module writes the folder's files (``python -m simulator.model_folder``):
+``tokenizer.json``, ``tokenizer_config.json`` with the chat template, and the same template as
+``chat_template.jinja``, so the gateway runs one code path for emulated and real models. The tiny
+real model the tests serve with vLLM (``scripts/ensure_tiny_model.py``) copies these files.
 
 ``tokenizer.json`` reproduces ``simulator.tokenizer`` exactly on the emulated vocabulary: the same
 pre-tokenizer (one regular expression: the piece pattern with letter runs cut every 7 letters),
@@ -16,8 +21,7 @@ and gives any other piece a hash id; the Hugging Face tokenizer gives such a pie
 text outside the vocabulary the gateway's block keys differ from the engine's and the precise index
 under-estimates (never over-estimates) that node's cache.
 
-``chat_template.jinja`` is ``simulator.tokenizer.render_chat`` in Jinja, as a Hugging Face chat
-template.
+The chat template is ``simulator.tokenizer.render_chat`` in Jinja, as a Hugging Face chat template.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 MODEL_FILES_DIR = Path(__file__).resolve().parent / "model_files"
 TOKENIZER_PATH = MODEL_FILES_DIR / "tokenizer.json"
 CHAT_TEMPLATE_PATH = MODEL_FILES_DIR / "chat_template.jinja"
+TOKENIZER_CONFIG_PATH = MODEL_FILES_DIR / "tokenizer_config.json"
 
 # The same pieces as simulator.tokenizer's pattern, long letter runs cut every 7 letters.
 PIECE_PATTERN = r" ?[^\W\d_]{1,7}| ?\d{1,3}| ?(?:[^\w\s]|_)+|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -151,12 +156,47 @@ def build_tokenizer_json() -> str:
     return json.dumps(document, ensure_ascii=False, indent=None, sort_keys=False) + "\n"
 
 
+def build_tokenizer_config_json() -> str:
+    """tokenizer_config.json as a real Llama-3 folder has it: special tokens and the chat template."""
+    from simulator.tokenizer import BEGIN_OF_TEXT, END_OF_TEXT, EOT
+
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BEGIN_OF_TEXT,
+        "eos_token": EOT,
+        "pad_token": END_OF_TEXT,
+        "unk_token": UNK,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 131072,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    return json.dumps(config, ensure_ascii=False, indent=2) + "\n"
+
+
+def read_chat_template(folder: Path) -> str:
+    """A model folder's chat template: ``tokenizer_config.json``'s ``chat_template`` (a string,
+    or the one named "default" in a list of named templates), else ``chat_template.jinja``."""
+    config_path = folder / "tokenizer_config.json"
+    if config_path.is_file():
+        template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, list):
+            named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
+            template = named.get("default")
+        if isinstance(template, str) and template:
+            return template
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    raise FileNotFoundError(f"{folder} has no chat template (tokenizer_config.json or chat_template.jinja)")
+
+
 def write_files(directory: Path = MODEL_FILES_DIR) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / TOKENIZER_PATH.name).write_text(build_tokenizer_json(), encoding="utf-8")
+    (directory / TOKENIZER_CONFIG_PATH.name).write_text(build_tokenizer_config_json(), encoding="utf-8")
     (directory / CHAT_TEMPLATE_PATH.name).write_text(CHAT_TEMPLATE, encoding="utf-8")
 
 
 if __name__ == "__main__":
     write_files(Path(sys.argv[1]) if len(sys.argv) > 1 else MODEL_FILES_DIR)
-    print(f"wrote {TOKENIZER_PATH.name} and {CHAT_TEMPLATE_PATH.name}")
+    print(f"wrote {TOKENIZER_PATH.name}, {TOKENIZER_CONFIG_PATH.name} and {CHAT_TEMPLATE_PATH.name}")

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
+import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from simulator.model_files import CHAT_TEMPLATE, CHAT_TEMPLATE_PATH, TOKENIZER_PATH, build_tokenizer_json
+from simulator.model_folder import (
+    CHAT_TEMPLATE,
+    CHAT_TEMPLATE_PATH,
+    MODEL_FILES_DIR,
+    TOKENIZER_CONFIG_PATH,
+    TOKENIZER_PATH,
+    build_tokenizer_config_json,
+    build_tokenizer_json,
+    read_chat_template,
+)
 from simulator.text import text_of_tokens
 from simulator.tokenizer import render_chat, tokenize, tokenize_completion_prompt
 from simulator.traffic.workloads import build_plan
@@ -15,7 +27,27 @@ from simulator.traffic.workloads import build_plan
 
 def test_the_shipped_files_are_the_built_ones() -> None:
     assert TOKENIZER_PATH.read_text(encoding="utf-8") == build_tokenizer_json()
+    assert TOKENIZER_CONFIG_PATH.read_text(encoding="utf-8") == build_tokenizer_config_json()
     assert CHAT_TEMPLATE_PATH.read_text(encoding="utf-8") == CHAT_TEMPLATE
+
+
+def test_a_folder_keeps_its_chat_template_in_tokenizer_config_json_or_beside_it(tmp_path: Path) -> None:
+    assert read_chat_template(MODEL_FILES_DIR) == CHAT_TEMPLATE
+    only_config = tmp_path / "real"
+    only_config.mkdir()
+    (only_config / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}
+        )
+    )
+    assert read_chat_template(only_config) == "D"
+    only_jinja = tmp_path / "jinja"
+    only_jinja.mkdir()
+    (only_jinja / "tokenizer_config.json").write_text("{}")
+    (only_jinja / "chat_template.jinja").write_text("J")
+    assert read_chat_template(only_jinja) == "J"
+    with pytest.raises(FileNotFoundError):
+        read_chat_template(tmp_path)
 
 
 def test_hugging_face_tokenizers_reproduce_the_engines_ids_on_the_workloads() -> None:
