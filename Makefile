@@ -71,6 +71,7 @@ bench: install
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/routing_decision.py && \
+	$(PY) benchmarks/shadow_cost.py && \
 	$(PY) benchmarks/kv_cache_pressure.py && \
 	$(PY) benchmarks/routing_quality.py
 

@@ -82,3 +82,23 @@ def recent_for(obj: models.Model, limit: int = 10) -> QuerySet[LogEntry]:
         .select_related("user")
         .order_by("-action_time")[:limit]
     )
+
+
+SYSTEM_USERNAME = "gorgo-system"
+
+
+def system_user() -> AbstractBaseUser:
+    """The account automatic actions (a canary's automatic rollback) are recorded under.
+
+    Django's audit log needs a user on every entry; this one cannot sign in (inactive, no usable
+    password), so the history says "gorgo-system" where no person acted.
+    """
+    from django.contrib.auth import get_user_model
+
+    user, created = get_user_model().objects.get_or_create(
+        username=SYSTEM_USERNAME, defaults={"is_active": False}
+    )
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user

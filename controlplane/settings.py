@@ -335,6 +335,15 @@ GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 5.0, minimum
 # GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test.
 GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)
 GORGO_TUNER_MIN_REQUESTS = envint("GORGO_TUNER_MIN_REQUESTS", 200, minimum=20)
+# Each trial runs as a canary on this share of the sessions (percent, more than 0 and at most 50).
+GORGO_TUNER_CANARY_PERCENT = envfloat("GORGO_TUNER_CANARY_PERCENT", 20.0, minimum=0.1)
+if GORGO_TUNER_CANARY_PERCENT > 50:
+    raise ImproperlyConfigured(
+        "GORGO_TUNER_CANARY_PERCENT must be at most 50 (a canary never serves more than half)."
+    )
+# Shadow and canary (docs/controlplane.md): how often workers sum the request log into the running
+# experiments' figures and check the canary (the automatic rollback acts at most this late).
+GORGO_EXPERIMENT_INTERVAL_S = envfloat("GORGO_EXPERIMENT_INTERVAL_S", 5.0, minimum=0.2)
 # Probe tasks for region R go to queue "probe.R"; everything else to CELERY_TASK_DEFAULT_QUEUE.
 # A worker with GORGO_PROBE_REGIONS="*" consumes the probe queue of every region, including ones
 # added while it runs; "eu-central,us-east" names the regions it probes from. Empty: only the
@@ -367,6 +376,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "policies.reconcile",
         "schedule": GORGO_RECONCILE_INTERVAL_S,
         "options": {"expires": GORGO_RECONCILE_INTERVAL_S},
+    },
+    "policies-watch-experiments": {
+        "task": "policies.watch_experiments",
+        "schedule": GORGO_EXPERIMENT_INTERVAL_S,
+        "options": {"expires": GORGO_EXPERIMENT_INTERVAL_S},
     },
     "policies-tune": {
         "task": "policies.tune",

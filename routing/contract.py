@@ -370,8 +370,37 @@ class PolicySpec(msgspec.Struct, frozen=True):
     max_rtt_ms: float | None = None
 
 
-class PolicySnapshot(msgspec.Struct, frozen=True):
-    """The immutable, versioned document a gateway routes by: one policy plus the fleet."""
+TrialKind = Literal["shadow", "canary"]
+NO_TRIAL = msgspec.Raw()  # the snapshot's shadow / canary when there is none
+MAX_CANARY_SHARE = 0.5  # a canary never serves more than half of the sessions
+
+
+class TrialSpec(msgspec.Struct, frozen=True):
+    """A policy run beside the live one (issue 23), compiled against the same fleet.
+
+    ``shadow``: every gateway also computes its decision for every request and logs it; it serves
+    nothing. ``canary``: it serves the sessions whose hash (with ``salt``) falls under ``share``.
+    ``id`` is the control plane's experiment id: request records name it, so workers can tell
+    which experiment a record belongs to.
+    """
+
+    id: int
+    kind: TrialKind
+    policy: PolicySpec
+    source_version: int | None = None  # the stored version it came from; None: a draft
+    share: float = 0.0  # canary: fraction of sessions, (0, MAX_CANARY_SHARE]
+    salt: str = ""  # canary: mixed into the session hash, so each canary picks its own sessions
+
+
+class PolicySnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The immutable, versioned document a gateway routes by: one policy plus the fleet.
+
+    ``shadow`` and ``canary`` (issue 23) are optional ``TrialSpec`` documents kept as raw JSON and
+    decoded apart (``decode_trial``): a gateway that cannot read one (an algorithm it does not
+    have) keeps serving the live policy. Absent, they are empty and left out of the document, so
+    a snapshot without them is byte for byte what it was before them. They were added without a
+    schema bump: snapshots do not forbid unknown fields, so gateways built before them ignore both.
+    """
 
     schema_version: int
     version: int
@@ -381,6 +410,23 @@ class PolicySnapshot(msgspec.Struct, frozen=True):
     regions: tuple[RegionSpec, ...]
     models: tuple[ModelSpec, ...]
     nodes: tuple[NodeSpec, ...]
+    # A TrialSpec each; absent: NO_TRIAL. Leave them out rather than pass an empty Raw: msgspec omits
+    # a default only when it is the very default object, and an empty Raw of another identity
+    # would be written as nothing at all (invalid JSON).
+    shadow: msgspec.Raw = NO_TRIAL
+    canary: msgspec.Raw = NO_TRIAL
+
+
+def encode_trial(trial: TrialSpec) -> msgspec.Raw:
+    """A trial as the raw JSON a snapshot carries."""
+    return msgspec.Raw(_encoder.encode(trial))
+
+
+def decode_trial(raw: msgspec.Raw) -> TrialSpec | None:
+    """The trial a snapshot carries (None: none); ``msgspec.ValidationError``/``DecodeError`` when unreadable."""
+    if not raw:
+        return None
+    return msgspec.json.decode(raw, type=TrialSpec)
 
 
 class PolicyAnnouncement(msgspec.Struct, frozen=True):
@@ -542,6 +588,16 @@ class RequestRecord(msgspec.Struct, frozen=True):
     # Never the text: a hash names a whole prefix, so the what-if replay (simulator/replay.py) can
     # tell which requests shared a cached prefix without ever seeing a prompt. Empty: not recorded.
     prefix_hashes: tuple[int, ...] = ()
+    # Issue 23. A canary running: which experiment, and which arm served this request.
+    canary_id: int | None = None
+    arm: Literal["live", "canary"] | None = None
+    # A shadow running: its experiment, the node it would have chosen, and its cost terms (priced
+    # by the GORGO cost model when its algorithm prices nothing); ``cost`` is the live side's,
+    # priced the same way while a shadow runs.
+    shadow_id: int | None = None
+    shadow_node_id: int | None = None
+    shadow_node_region: str | None = None
+    shadow_cost: CostTerms | None = None
 
 
 class GatewayLoad(msgspec.Struct, frozen=True):

@@ -21,7 +21,9 @@ from routing.contract import (
     RegionSpec,
     ResidencyRule,
     RoundRobinParams,
+    TrialSpec,
     algorithm_name,
+    encode_trial,
 )
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -77,11 +79,14 @@ def make_snapshot(
     models: tuple[ModelSpec, ...] | None = None,
     name: str = "test-policy",
     checksum: str | None = None,
+    shadow: TrialSpec | None = None,
+    canary: TrialSpec | None = None,
 ) -> PolicySnapshot:
     """A compiled snapshot of ``nodes`` under one policy (round robin unless ``params`` say otherwise).
 
     ``models`` defaults to every model the nodes serve, 16-token blocks and 8192 tokens of context;
-    ``checksum`` to one that names the version and the algorithm.
+    ``checksum`` to one that names the version and the algorithm. ``shadow`` and ``canary``:
+    trials beside the policy (issue 23), compiled in as the control plane does.
     """
     params = params if params is not None else RoundRobinParams()
     algorithm = algorithm_name(type(params))
@@ -105,4 +110,5 @@ def make_snapshot(
         regions=regions,
         models=models,
         nodes=nodes,
+        **{kind: encode_trial(trial) for kind, trial in (("shadow", shadow), ("canary", canary)) if trial},
     )

@@ -25,7 +25,7 @@ happened inside its TTFT), so "other" is never negative.
 
 Prediction quality, per record whose algorithm priced the chosen node: error = measured TTFT -
 ``predicted_ttft_ms(record)`` (gateway time + the cost terms rtt + queue + prefill), summed (bias),
-summed as |error|, and counted in a signed log-bucketed histogram (``telemetry.histogram``), so a
+summed as |error|, and counted in a signed log-bucketed histogram (``controlplane.histogram``), so a
 window's median |error| and error quantiles come from merged buckets.
 
 The measured parts explain the mean TTFT of a bucket when ``|other| <= max(TOLERANCE_ABS_MS,
@@ -51,11 +51,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.fleet.models import Node, Region
-from routing import contract
-from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
-from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
-from telemetry.groups import Breakdown
-from telemetry.histogram import (
+from controlplane.histogram import (
     abs_error_histogram,
     add_to_histogram,
     error_bin,
@@ -63,6 +59,10 @@ from telemetry.histogram import (
     signed_quantile_ms,
     ttft_bin,
 )
+from routing import contract
+from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord, RTTTable
+from telemetry.choices import RESOLUTION_SECONDS, ScopeChoices
+from telemetry.groups import Breakdown
 from telemetry.keyusage import add_key_usage
 from telemetry.live import read_rtt_table
 from telemetry.models import MetricSample, ProcessedRequestEntry, RequestAggregate

@@ -17,10 +17,10 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import Node
+from controlplane.histogram import add_to_histogram
 from controlplane.metrics import exports_metrics
 from telemetry.aggregation import prediction_quality
 from telemetry.choices import ResolutionChoices, ScopeChoices
-from telemetry.histogram import add_to_histogram
 from telemetry.live import read_live_state
 from telemetry.models import RequestAggregate
 

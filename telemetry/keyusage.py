@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controlplane.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from controlplane.keys.models import ClientKey
 from routing.contract import RequestRecord
 from telemetry.choices import RESOLUTION_SECONDS
-from telemetry.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from telemetry.models import KeyUsageAggregate
 from telemetry.outcomes import client_refused, fleet_failed
 

@@ -88,6 +88,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
         """An aggregation round updated request buckets (TTFT, breakdown, tokens)."""
         await self.send_json(event)
 
+    async def policy_experiment(self, event: dict[str, Any]) -> None:
+        """A shadow's or canary's figures changed, or it ended (issue 23)."""
+        await self.send_json(event)
+
     async def policy_published(self, event: dict[str, Any]) -> None:
         """A new policy version went live (sent by ``controlplane.dashboard.signals``)."""
         await self.send_json(event)

@@ -14,7 +14,7 @@ from django.contrib.auth.mixins import LoginRequiredMixin, PermissionRequiredMix
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -23,9 +23,11 @@ from django.views.generic import CreateView, DetailView, ListView, UpdateView
 
 from controlplane import audit
 from controlplane.dashboard.forms import PolicyForm, PublishForm, RollbackForm
+from controlplane.dashboard.signals import experiment_message
 from controlplane.dashboard.views import PageChrome
 from controlplane.policies import publishing, review
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies.choices import ExperimentStatusChoices
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
 
 VERSIONS_PER_PAGE = 25
 
@@ -94,6 +96,7 @@ class PolicyUpdateView(PolicyEditMixin, UpdateView):
 
 
 TUNING_WINDOWS_SHOWN = 30
+EXPERIMENTS_SHOWN = 5
 
 
 def policy_review(policy: RoutingPolicy) -> dict[str, Any]:
@@ -139,6 +142,12 @@ class PolicyDetailView(PolicyPageMixin, DetailView):
         context["tuning_windows"] = list(
             policy.tuning_windows.select_related("version")[:TUNING_WINDOWS_SHOWN]
         )
+        # Shadows and canaries run fleet-wide: every policy page shows the running ones, and this
+        # policy's recent ones; policies.js draws them and follows their policy.experiment pushes.
+        shown = PolicyExperiment.objects.filter(
+            Q(status=ExperimentStatusChoices.RUNNING) | Q(policy=policy)
+        ).select_related("policy", "source_version")[:EXPERIMENTS_SHOWN]
+        context["experiments"] = [experiment_message(experiment) for experiment in shown]
         return context
 
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import msgspec
 
+from controlplane.histogram import add_to_histogram, histogram_quantile_ms
 from controlplane.keys.models import ClientKey
 from telemetry.aggregation import SUMMED_FIELDS, breakdown_of, prediction_quality
 from telemetry.choices import ScopeChoices
-from telemetry.histogram import add_to_histogram, histogram_quantile_ms
 from telemetry.keyusage import KEY_USAGE_SUMMED_FIELDS
 from telemetry.models import KeyUsageAggregate, MetricSample, RequestAggregate
 

@@ -12,7 +12,7 @@ from django.utils.html import format_html
 
 from controlplane.fleet.admin import InUseDeleteMixin
 from controlplane.policies import publishing
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, action, *args) -> None:
@@ -127,3 +127,46 @@ class PolicyVersionAdmin(admin.ModelAdmin):
             self.message_user(request, "Select exactly one version to roll back to.", messages.WARNING)
             return
         _report(self, request, publishing.rollback, queryset.get())
+
+
+@admin.register(PolicyExperiment)
+class PolicyExperimentAdmin(admin.ModelAdmin):
+    """Shadows and canaries, read-only: the REST API starts, stops and promotes them (issue 23).
+
+    Their page's history is the audit log of each step (the automatic rollback as gorgo-system).
+    """
+
+    list_display = ["id", "kind", "status", "policy", "share_percent", "started_by", "started_at", "ended_at"]
+    list_filter = ["kind", "status"]
+    list_select_related = ["policy"]
+    fields = [
+        "kind",
+        "status",
+        "policy",
+        "source_version",
+        "spec",
+        "share_percent",
+        "margin_ms",
+        "margin_error_rate",
+        "min_samples",
+        "alpha",
+        "started_by",
+        "started_at",
+        "started_version",
+        "ended_by",
+        "ended_at",
+        "ended_version",
+        "end_note",
+        "figures",
+        "figures_updated_at",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

@@ -20,3 +20,19 @@ class TuningOutcomeChoices(models.TextChoices):
     ACCEPTED = "accepted", "Accepted the step"
     REJECTED = "rejected", "Reverted the step"
     CONVERGED = "converged", "Converged"
+
+
+class ExperimentKindChoices(models.TextChoices):
+    """How a policy runs beside the live one (issue 23; ``routing.contract.TrialSpec``)."""
+
+    SHADOW = "shadow", "Shadow (decides, serves nothing)"
+    CANARY = "canary", "Canary (serves a share of sessions)"
+
+
+class ExperimentStatusChoices(models.TextChoices):
+    """Where an experiment is; only ``running`` ones are in the published snapshot."""
+
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    PROMOTED = "promoted", "Promoted (published as the live policy)"
+    ROLLED_BACK = "rolled_back", "Rolled back automatically"

@@ -6,8 +6,8 @@ import django_filters
 from django.db.models import Q, QuerySet
 
 from controlplane.filters import IdFilter, StrictFilterSet
-from controlplane.policies.choices import AlgorithmChoices
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies.choices import AlgorithmChoices, ExperimentKindChoices, ExperimentStatusChoices
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
 
 
 class RoutingPolicyFilterSet(StrictFilterSet):
@@ -36,3 +36,15 @@ class PolicyVersionFilterSet(StrictFilterSet):
     class Meta:
         model = PolicyVersion
         fields = ["policy", "policy_name", "number", "author_name", "checksum"]
+
+
+class PolicyExperimentFilterSet(StrictFilterSet):
+    """Shadows and canaries by kind, status or policy id."""
+
+    kind = django_filters.ChoiceFilter(choices=ExperimentKindChoices.choices)
+    status = django_filters.ChoiceFilter(choices=ExperimentStatusChoices.choices)
+    policy = IdFilter(field_name="policy_id", label="Policy id.")
+
+    class Meta:
+        model = PolicyExperiment
+        fields = ["kind", "status", "policy"]

@@ -8,9 +8,14 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from controlplane.audit import Audited, short
-from controlplane.policies.choices import AlgorithmChoices, TuningOutcomeChoices
+from controlplane.policies.choices import (
+    AlgorithmChoices,
+    ExperimentKindChoices,
+    ExperimentStatusChoices,
+    TuningOutcomeChoices,
+)
 from routing import contract
-from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, PolicySnapshot, params_errors
+from routing.contract import PARAMS_BY_ALGORITHM, WHOLE_PARAMS, PolicySnapshot, PolicySpec, params_errors
 
 # What an operator reads in the history: the fields a policy edit can change.
 POLICY_AUDIT_FIELDS = ("name", "description", "algorithm", "params", "model_scope", "residency", "max_rtt_ms")
@@ -246,3 +251,70 @@ class TuningWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy_id} {self.ended_at:%H:%M:%S} {self.outcome}"
+
+
+class PolicyExperiment(Audited, models.Model):
+    """A policy run beside the live one (issue 23): in shadow (every gateway computes its decision
+    and logs it, serving none) or as a canary (it serves a hash-chosen share of sessions).
+
+    While ``running`` its trial is part of every snapshot published (``publishing.compile_spec``),
+    so a fleet change or another publish carries it along; starting, stopping, promoting and the
+    automatic rollback each publish a version (the version history) and write the audit log.
+    ``figures`` are the workers' per-region sums over the request log (``telemetry.experiments``).
+    At most one experiment of each kind runs at a time.
+    """
+
+    kind = models.CharField(max_length=16, choices=ExperimentKindChoices.choices)
+    status = models.CharField(
+        max_length=16, choices=ExperimentStatusChoices.choices, default=ExperimentStatusChoices.RUNNING
+    )
+    policy = models.ForeignKey(RoutingPolicy, on_delete=models.PROTECT, related_name="experiments")
+    source_version = models.ForeignKey(
+        PolicyVersion,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="experiments",
+        help_text="The stored version under trial; empty: the policy's draft as compiled at the start.",
+    )
+    spec = models.TextField(help_text="The trial's compiled PolicySpec (JSON).")
+    checksum = models.CharField(max_length=64, help_text="sha256 of the trial's PolicySpec.")
+    share_percent = models.FloatField(
+        null=True, blank=True, help_text="Canary: the share of sessions it serves, (0, 50]."
+    )
+    salt = models.CharField(max_length=32, blank=True)
+    # The canary's automatic rollback (docs/controlplane.md, "Canary"): fires when, in some region,
+    # the canary's TTFT is worse by more than margin_ms (or its error rate by more than
+    # margin_error_rate) with the always-valid confidence 1 - alpha, and each arm has min_samples.
+    margin_ms = models.FloatField(default=50.0)
+    margin_error_rate = models.FloatField(default=0.02)
+    min_samples = models.PositiveIntegerField(default=200)
+    alpha = models.FloatField(default=0.05)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    started_by = models.CharField(max_length=150)
+    ended_by = models.CharField(max_length=150, blank=True)
+    end_note = models.CharField(max_length=500, blank=True)
+    started_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiments_started"
+    )
+    ended_version = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="experiments_ended"
+    )
+    figures = models.JSONField(default=dict, blank=True)
+    figures_updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["kind"], condition=models.Q(status="running"), name="one_running_experiment_per_kind"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} of {self.policy.name}"
+
+    def trial_policy(self) -> PolicySpec:
+        """The trial's policy settings as the gateways get them."""
+        return msgspec.json.decode(self.spec, type=PolicySpec)

@@ -29,7 +29,8 @@ from django.utils import timezone
 from controlplane.api import ConcurrentWriteError, UnavailableError
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import LLMModel, Node, Region
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies.choices import ExperimentStatusChoices
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
 from routing import contract, writer
 from routing.contract import (
     PARAMS_BY_ALGORITHM,
@@ -41,6 +42,7 @@ from routing.contract import (
     RegionSpec,
     ResidencyRule,
     TokenizerSpec,
+    TrialSpec,
 )
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ def compile_spec(spec: PolicySpec) -> PolicySnapshot:
         )
         for n in Node.objects.select_related("region").prefetch_related("served_models").order_by("pk")
     )
+    trials = running_trials()
     content = PolicySnapshot(
         schema_version=contract.SCHEMA_VERSION,
         version=0,
@@ -142,9 +145,31 @@ def compile_spec(spec: PolicySpec) -> PolicySnapshot:
         regions=regions,
         models=models,
         nodes=nodes,
+        **{kind: contract.encode_trial(trial) for kind, trial in trials.items()},
     )
     checksum = hashlib.sha256(contract.encode(content)).hexdigest()
     return msgspec.structs.replace(content, checksum=checksum)
+
+
+def running_trials() -> dict[str, TrialSpec]:
+    """The running experiments as the snapshot carries them, by kind (issue 23).
+
+    Every publish compiles them in, so a fleet change, a reconcile or another policy's publish
+    keeps a running shadow or canary on the gateways; only stopping it takes it out.
+    """
+    return {
+        experiment.kind: TrialSpec(
+            id=experiment.pk,
+            kind=experiment.kind,
+            policy=experiment.trial_policy(),
+            source_version=experiment.source_version.number if experiment.source_version else None,
+            share=(experiment.share_percent or 0.0) / 100,
+            salt=experiment.salt,
+        )
+        for experiment in PolicyExperiment.objects.filter(
+            status=ExperimentStatusChoices.RUNNING
+        ).select_related("source_version")
+    }
 
 
 def live_version() -> PolicyVersion | None:

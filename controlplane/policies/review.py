@@ -15,6 +15,7 @@ import msgspec
 
 from controlplane.policies import publishing
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from routing import contract
 from routing.contract import NodeState, PolicySnapshot
 
 # Collections compared by a stable key, so removing one node shows as one removal, not a shift.
@@ -104,7 +105,9 @@ def diff_snapshots(old: PolicySnapshot | None, new: PolicySnapshot) -> list[Snap
 
 
 def _comparable(snapshot: PolicySnapshot) -> dict[str, Any]:
-    doc = msgspec.to_builtins(snapshot)
+    # Through JSON, not to_builtins: the shadow and canary are raw JSON inside the snapshot, and
+    # their changes (a trial started, its share) belong in the diff too.
+    doc = msgspec.json.decode(contract.encode(snapshot))
     for name in _PUBLISH_FIELDS:
         doc.pop(name, None)
     for name, key in _KEYED_COLLECTIONS.items():

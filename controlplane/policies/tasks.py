@@ -14,8 +14,9 @@ from django.core.exceptions import ValidationError
 
 from controlplane.connections import redis_client, redis_keys
 from controlplane.locks import task_lock
-from controlplane.policies import tuning, whatif
-from controlplane.policies.models import RoutingPolicy
+from controlplane.policies import experiment_figures, experiments, tuning, whatif
+from controlplane.policies.choices import ExperimentStatusChoices
+from controlplane.policies.models import PolicyExperiment, RoutingPolicy
 from controlplane.policies.publishing import PublishError, republish_active, republish_live
 from controlplane.reconcile import restore_all
 from simulator.replay import ReplayTooSlow
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 RECONCILE_LIMITS_S = (20, 30)
 TUNE_LIMITS_S = (30, 45)  # a window's read is bounded (tuning.MAX_WINDOW_RECORDS)
+WATCH_LIMITS_S = (30, 45)  # a tick's read is bounded (experiment_figures.MAX_RECORDS_PER_TICK)
 
 
 @shared_task(
@@ -229,3 +231,36 @@ def what_if(run_id: str, policy_id: int, minutes: int, now_s: float) -> str:
         return "failed"
     whatif.save_run(run_id, {**base, "status": "done", "result": result.to_json()})
     return "done"
+
+
+@shared_task(
+    name="policies.watch_experiments",
+    soft_time_limit=WATCH_LIMITS_S[0],
+    time_limit=WATCH_LIMITS_S[1],
+    ignore_result=True,
+)
+def watch_experiments() -> dict[int, int] | None:
+    """Sum the request log into the running shadows' and canaries' figures; roll a worse canary back.
+
+    Returns, per running experiment id, how many of its records this tick counted; None when
+    another run holds the lock or Redis is unreachable (the next tick goes on from the cursor).
+    """
+    client, keys = redis_client(), redis_keys()
+    counted: dict[int, int] = {}
+    try:
+        with task_lock(client, keys, "policies-experiments", WATCH_LIMITS_S[1]) as acquired:
+            if not acquired:
+                return None
+            running = PolicyExperiment.objects.filter(status=ExperimentStatusChoices.RUNNING).select_related(
+                "policy", "source_version"
+            )
+            for experiment in running:
+                counted[experiment.pk] = experiment_figures.collect(client, keys, experiment)
+                experiments.check_canary(experiment)
+    except (PublishError, redis.RedisError) as exc:
+        log.warning("watch_experiments: Redis unreachable, trying again next round: %s", exc)
+        return None
+    except SoftTimeLimitExceeded:
+        log.warning("watch_experiments ran out of time; the rest is counted next run")
+        return None
+    return counted

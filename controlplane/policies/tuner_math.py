@@ -139,7 +139,25 @@ def step(
             "measured",
             f"tuner: {_fmt(state.incumbent)} measured {evidence}; trying {_fmt(trial)} (step {state.sigma:.2f})",
         )
-    incumbent_p95 = state.incumbent_p95_ms if state.incumbent_p95_ms is not None else math.inf
+    return judge(state, state.incumbent_p95_ms, p95_ms, requests, rng, bounds)
+
+
+def judge(
+    state: TunerState,
+    incumbent_p95_ms: float | None,
+    p95_ms: float,
+    requests: int,
+    rng: random.Random,
+    bounds: Bounds = Bounds(),
+) -> Step:
+    """Decide on ``state.trial`` measured at ``p95_ms`` against the incumbent's ``incumbent_p95_ms``.
+
+    ``step`` calls it with the incumbent's p95 from the window before; the online tuner's canaries
+    measure both in the same window (the canary arm and the rest), so it passes both.
+    """
+    assert state.trial is not None, "judge needs a trial"
+    evidence = f"p95 {p95_ms:,.0f} ms over {requests:,} requests"
+    incumbent_p95 = incumbent_p95_ms if incumbent_p95_ms is not None else math.inf
     trials = state.trials + 1
     if p95_ms < incumbent_p95 * (1.0 - MIN_IMPROVEMENT):
         sigma = min(SIGMA_MAX, state.sigma * SUCCESS_FACTOR)
@@ -162,7 +180,7 @@ def step(
         )
     sigma = state.sigma * FAILURE_FACTOR
     return Step(
-        replace(state, sigma=sigma, trial=None, trials=trials),
+        replace(state, incumbent_p95_ms=incumbent_p95_ms, sigma=sigma, trial=None, trials=trials),
         state.incumbent,
         "rejected",
         f"tuner: reverted to {_fmt(state.incumbent)}: {_fmt(state.trial)} gave {evidence} against "

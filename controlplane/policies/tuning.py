@@ -1,25 +1,31 @@
-"""The online tuner over the live system: windows from the request log, steps published as versions.
+"""The online tuner over the live system: each trial runs as a canary beside the live weights.
 
 ``tune_policy(policy, now_s)`` is one tick (the ``policies.tune`` task calls it periodically):
 
-- the window is the time since the live version was published (plus ``SETTLE_S`` for the gateways
-  to swap) and its requests are the request-log records routed *with that version*
-  (``RequestRecord.policy_version``), answered with a first token; nothing is decided before the
-  window is ``GORGO_TUNER_WINDOW_S`` long and holds ``GORGO_TUNER_MIN_REQUESTS`` of them;
-- its p95 TTFT goes to ``policies.tuner_math.step`` (the (1+1)-ES), and the weights that returns are
-  written into the policy's params and published through ``publishing.publish``, the
-  one publish path, as a version authored by ``TUNER_AUTHOR`` whose note carries the evidence;
-- every window is kept (``TuningWindow``): the dashboard's policy page draws weights and p95 from
-  them, and the newest holds the search's state.
+- with no trial running, it proposes one (``tuner_math.mutate`` of the incumbent, or the trial the
+  last decision chose) and starts it as a canary on ``GORGO_TUNER_CANARY_PERCENT`` of the sessions
+  (``experiments.start``, authored by ``TUNER_AUTHOR``): the rest of the fleet keeps the
+  incumbent, so a bad trial costs only its share, and the canary's automatic rollback guards it;
+- once the canary has run ``GORGO_TUNER_WINDOW_S`` (plus ``SETTLE_S`` for the gateways to swap)
+  and each arm holds ``GORGO_TUNER_MIN_REQUESTS`` answered requests, the two arms' p95 TTFTs, from
+  the same window and the same traffic, go to ``tuner_math.judge`` (the (1+1)-ES): a better trial
+  is written into the policy's params and promoted (published as the live policy, a version whose
+  note carries the evidence), a worse one is stopped;
+- a trial the automatic rollback ended counts as rejected;
+- every decision is kept (``TuningWindow``, with the trial's weights and p95): the dashboard's
+  policy page draws them, and the newest holds the search's state.
 
-It stands aside when someone else moved the policy: if the live snapshot's weights are not the ones
-the tuner left live (an operator published), the search restarts from the live weights; if the
-policy has unpublished edits, the tuner publishes nothing (it would publish them too).
+It stands aside when someone else moved the policy: if the live weights are not the incumbent it
+knows (an operator published), the search restarts from the live weights; if the policy has
+unpublished edits it starts no trial and promotes none (it would publish them too); while an
+operator's canary runs it starts none (one canary at a time).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import random
 import statistics
 from datetime import UTC, datetime
@@ -28,18 +34,20 @@ import msgspec
 import redis
 from django.conf import settings
 
+from controlplane import audit
 from controlplane.connections import redis_client, redis_keys
-from controlplane.policies import publishing, tuner_math
-from controlplane.policies.models import RoutingPolicy, TuningWindow
+from controlplane.policies import experiments, publishing, tuner_math
+from controlplane.policies.choices import ExperimentKindChoices, ExperimentStatusChoices
+from controlplane.policies.models import PolicyExperiment, RoutingPolicy, TuningWindow
+from controlplane.policies.request_log import read_records, stream_id_at
 from controlplane.policies.tuner_math import Bounds, TunerState, Weights
-from routing.contract import REQUEST_STREAM_FIELD, GorgoParams, PolicySnapshot, RequestRecord, decode
+from routing.contract import GorgoParams, PolicySnapshot
 
 log = logging.getLogger(__name__)
 
 TUNER_AUTHOR = "online tuner"
 SETTLE_S = 2.0  # gateways swap to a new snapshot within a second of its announcement
 MAX_WINDOW_RECORDS = 50_000  # read at most this many request-log entries per tick
-READ_BATCH = 2_000
 BOUNDS = Bounds()
 
 
@@ -48,36 +56,30 @@ def live_weights(snapshot: PolicySnapshot) -> Weights | None:
     return (params.w_rtt, params.w_queue) if isinstance(params, GorgoParams) else None
 
 
-def window_ttfts(client: redis.Redis, version: int, since_s: float) -> list[float]:
-    """TTFTs (ms) of the request-log records since ``since_s`` routed with policy ``version``."""
-    key = redis_keys().request_stream
-    start = f"{int(since_s * 1000)}-0"
-    ttfts: list[float] = []
-    read = 0
-    while read < MAX_WINDOW_RECORDS:
-        batch = client.xrange(key, min=start, max="+", count=READ_BATCH)
-        if not batch:
-            break
-        read += len(batch)
-        for _entry_id, fields in batch:
-            raw = fields.get(REQUEST_STREAM_FIELD.encode())
-            if raw is None:
-                continue
-            try:
-                record = decode(raw, RequestRecord)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                continue
-            if record.policy_version == version and record.status == 200 and record.ttft_ms is not None:
-                ttfts.append(record.ttft_ms)
-        last_id = batch[-1][0]
-        start = "(" + (last_id.decode() if isinstance(last_id, bytes) else last_id)
-        if len(batch) < READ_BATCH:
-            break
+def window_ttfts(client: redis.Redis, canary_id: int, since_s: float) -> dict[str, list[float]]:
+    """TTFTs (ms) per arm (``live``, ``canary``) of the answered requests of canary ``canary_id`` since ``since_s``."""
+    records, _ = read_records(
+        client,
+        redis_keys(),
+        stream_id_at(since_s),
+        inclusive=True,
+        limit=MAX_WINDOW_RECORDS,
+        keep=lambda r: (
+            r.canary_id == canary_id and r.arm is not None and r.status == 200 and r.ttft_ms is not None
+        ),
+    )
+    ttfts: dict[str, list[float]] = {"live": [], "canary": []}
+    for record in records:
+        ttfts[record.arm].append(record.ttft_ms)
     return ttfts
 
 
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[18]
+
+
 def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None = None) -> TuningWindow | None:
-    """One tick of the tuner on the active ``policy``; the window it closed, or None (not yet)."""
+    """One tick of the tuner on the active ``policy``; the window it closed, or None (none closed)."""
     live = publishing.live_version()
     if live is None or live.policy_id != policy.pk or live.published_at is None:
         return None
@@ -86,43 +88,116 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
         return None
     last = policy.tuning_windows.first()
     state = TunerState.from_json(last.state) if last is not None and last.state else None
-    if state is None or not _same(state.live, weights):
+    if state is None or not _same(state.incumbent, weights):
         state = TunerState(incumbent=weights)  # first tick, or an operator published: start here
-    started_s = live.published_at.timestamp() + SETTLE_S
+    rng = rng or random.Random(f"{policy.pk}:{policy.tuning_windows.count()}")
+    canary = _tuner_canary(policy, since=last.ended_at if last is not None else None)
+    if canary is None:
+        _start_trial(policy, live, state, rng)
+        return None
+    trial = _canary_weights(canary)
+    state = dataclasses.replace(state, trial=trial)
+    if canary.status == ExperimentStatusChoices.ROLLED_BACK:
+        # The automatic rollback found it worse: a rejection, measured by the canary's own test.
+        result = tuner_math.judge(state, state.incumbent_p95_ms, math.inf, 0, rng, BOUNDS)
+        result = dataclasses.replace(result, note=f"tuner: {_fmt(trial)} {canary.end_note}")
+        return _record(policy, canary, trial, math.inf, 0, result, None, now_s)
+    started_s = canary.started_at.timestamp() + SETTLE_S
     if now_s - started_s < settings.GORGO_TUNER_WINDOW_S:
         return None
-    ttfts = window_ttfts(redis_client(), live.number, started_s)
-    if len(ttfts) < settings.GORGO_TUNER_MIN_REQUESTS:
+    ttfts = window_ttfts(redis_client(), canary.pk, started_s)
+    if min(len(ttfts["live"]), len(ttfts["canary"])) < settings.GORGO_TUNER_MIN_REQUESTS:
         return None
-    p95_ms = statistics.quantiles(ttfts, n=20)[18]  # the 95th percentile
-    count = policy.tuning_windows.count()
-    result = tuner_math.step(state, p95_ms, len(ttfts), rng or random.Random(f"{policy.pk}:{count}"), BOUNDS)
+    incumbent_p95, trial_p95 = p95(ttfts["live"]), p95(ttfts["canary"])
+    result = tuner_math.judge(state, incumbent_p95, trial_p95, len(ttfts["canary"]), rng, BOUNDS)
+    system = audit.system_user()
     version = None
-    if result.publish is not None and not _same(result.publish, weights):
+    if result.outcome == "accepted":
         if publishing.compile_policy(policy).checksum != live.checksum:
-            log.info("tuner: %s has unpublished edits; not publishing over them", policy.name)
+            log.info("tuner: %s has unpublished edits; not promoting over them", policy.name)
             return None
-        policy.params = {
-            **policy.params,
-            "w_rtt": round(result.publish[0], 4),
-            "w_queue": round(result.publish[1], 4),
-        }
+        policy.params = {**policy.params, "w_rtt": trial[0], "w_queue": trial[1]}
         policy.save(update_fields=["params", "last_updated"])
-        version = publishing.publish(policy, note=result.note, system_author=TUNER_AUTHOR).version
+        version = experiments.promote(
+            canary, user=system, note=result.note, author_name=TUNER_AUTHOR
+        ).ended_version
+    else:
+        experiments.stop(canary, user=system, note=result.note, author_name=TUNER_AUTHOR)
+    return _record(policy, canary, trial, trial_p95, len(ttfts["canary"]), result, version, now_s)
+
+
+def _tuner_canary(policy: RoutingPolicy, since) -> PolicyExperiment | None:
+    """The tuner's running canary, or one the automatic rollback ended since the last window."""
+    mine = PolicyExperiment.objects.filter(
+        kind=ExperimentKindChoices.CANARY, policy=policy, started_by=TUNER_AUTHOR
+    ).select_related("policy", "source_version")
+    running = mine.filter(status=ExperimentStatusChoices.RUNNING).first()
+    if running is not None:
+        return running
+    rolled_back = mine.filter(status=ExperimentStatusChoices.ROLLED_BACK)
+    if since is not None:
+        rolled_back = rolled_back.filter(ended_at__gt=since)
+    return rolled_back.first()
+
+
+def _start_trial(policy: RoutingPolicy, live, state: TunerState, rng: random.Random) -> None:
+    if state.converged:
+        return
+    if PolicyExperiment.objects.filter(
+        kind=ExperimentKindChoices.CANARY, status=ExperimentStatusChoices.RUNNING
+    ).exists():
+        return  # an operator's canary: one at a time
+    if publishing.compile_policy(policy).checksum != live.checksum:
+        log.info("tuner: %s has unpublished edits; no trial until they are published", policy.name)
+        return
+    trial = (
+        state.trial
+        if state.trial is not None
+        else tuner_math.mutate(state.incumbent, state.sigma, rng, BOUNDS)
+    )
+    trial = (round(trial[0], 4), round(trial[1], 4))  # the policy keeps weights to 4 decimals
+    spec = live.compiled().policy
+    spec = msgspec.structs.replace(
+        spec, params=msgspec.structs.replace(spec.params, w_rtt=trial[0], w_queue=trial[1])
+    )
+    experiments.start(
+        ExperimentKindChoices.CANARY,
+        policy=policy,
+        spec=spec,
+        source_version=None,
+        user=audit.system_user(),
+        author_name=TUNER_AUTHOR,
+        share_percent=settings.GORGO_TUNER_CANARY_PERCENT,
+        note=f"tuner: trying w_rtt={trial[0]:.3g}, w_queue={trial[1]:.3g} beside {_fmt(state.incumbent)} "
+        f"(step {state.sigma:.2f})",
+    )
+
+
+def _canary_weights(canary: PolicyExperiment) -> Weights:
+    params = canary.trial_policy().params
+    assert isinstance(params, GorgoParams)
+    return (params.w_rtt, params.w_queue)
+
+
+def _record(policy, canary, trial, p95_ms, requests, result, version, now_s) -> TuningWindow:
     return TuningWindow.objects.create(
         policy=policy,
-        started_at=datetime.fromtimestamp(started_s, UTC),
+        started_at=canary.started_at,
         ended_at=datetime.fromtimestamp(now_s, UTC),
-        w_rtt=weights[0],
-        w_queue=weights[1],
-        p95_ms=p95_ms,
-        requests=len(ttfts),
+        w_rtt=trial[0],
+        w_queue=trial[1],
+        p95_ms=p95_ms if math.isfinite(p95_ms) else 0.0,
+        requests=requests,
         outcome=result.outcome,
         sigma=result.state.sigma,
         note=result.note[:500],
         version=version,
         state=result.state.to_json(),
     )
+
+
+def _fmt(weights: Weights) -> str:
+    return f"w_rtt={weights[0]:.3g}, w_queue={weights[1]:.3g}"
 
 
 def _same(a: Weights, b: Weights) -> bool:

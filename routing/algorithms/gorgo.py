@@ -98,6 +98,41 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
 def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -> Decision:
     """``choose`` with an explicit set of guards."""
     params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
+    rows = _rows(view, request, guards, params, False)
+    return _decide(rows, guards, view)
+
+
+def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams) -> tuple[Decision, Decision]:
+    """``choose`` under the view's parameters and under ``other``, which may differ only in weights.
+
+    A shadow that moves gorgo's weights (issue 23) decides on the same per-node terms (RTT, queue,
+    prefill, the displacement's factor), which do not depend on the weights: they are computed
+    once and only the totals are weighed again, so the shadow costs a pick, not a decision.
+    ``other.default_rtt_ms`` must be the view's (it changes a term, not a weight).
+    """
+    params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
+    rows = _rows(view, request, ALL_GUARDS, params, True)
+    w_rtt, w_queue, w_displacement = other.w_rtt, other.w_queue, other.w_displacement
+    reweighed = [
+        (
+            w_rtt * row[_RTT]
+            + w_queue * row[_QUEUE]
+            + row[_PREFILL]
+            + w_displacement * row[_DISPLACEMENT_FACTOR],
+            *row[1:_DISPLACEMENT],
+            w_displacement * row[_DISPLACEMENT_FACTOR],
+            row[_DISPLACEMENT_FACTOR],
+        )
+        for row in rows
+    ]
+    return _decide(rows, ALL_GUARDS, view), _decide(reweighed, ALL_GUARDS, view)
+
+
+def _rows(
+    view: RoutingView, request: RoutingRequest, guards: Guards, params: GorgoParams, keep_factor: bool
+) -> list[_Row]:
+    """Every candidate's valuation under ``params``; ``keep_factor``: compute the displacement's
+    factor even when ``w_displacement`` is 0 (``choose_twice`` weighs it again)."""
     w_rtt = params.w_rtt
     w_queue = params.w_queue
     w_displacement = params.w_displacement
@@ -121,7 +156,6 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
             entry[1] += 1
 
     rows: list[_Row] = []
-    has_room = False
     capacity_guard = guards.capacity
     any_live = bool(view.live)
     for node in candidates:
@@ -139,8 +173,6 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
         if max_seqs < 1:
             max_seqs = 1
         full = capacity_guard and requests >= max_seqs * CAPACITY_FACTOR
-        if not full:
-            has_room = True
 
         matched = matched_of(node_id, 0)
         if matched:
@@ -164,18 +196,16 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
-        displacement_ms = 0.0
-        if w_displacement and node.region != home and requests:
+        displacement_factor = 0.0
+        if (w_displacement or keep_factor) and node.region != home and requests:
             # The region's own requests that arrive while this one holds the node (Little: the
             # requests there now over how long one stays), each waiting for half its prefill or
             # for all of it when it joins a queue.
             arrivals_per_ms = requests / RESIDENCE_MS
-            displacement_ms = (
-                w_displacement
-                * arrivals_per_ms
-                * (queue_ms + prefill_ms)
-                * min(prefill_ms, queue_ms + prefill_ms / 2)
+            displacement_factor = (
+                arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
             )
+        displacement_ms = w_displacement * displacement_factor
         rows.append(
             (
                 w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + displacement_ms,
@@ -189,10 +219,16 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
                 matched,
                 uncached,
                 displacement_ms,
+                displacement_factor,
             )
         )
+    return rows
 
-    pool = [row for row in rows if not row[_FULL]] if has_room and capacity_guard else rows
+
+def _decide(rows: list[_Row], guards: Guards, view: RoutingView) -> Decision:
+    """The cheapest row (ties spread), past the capacity guard; with the runner-up's terms."""
+    has_room = not all(row[_FULL] for row in rows)
+    pool = [row for row in rows if not row[_FULL]] if has_room and guards.capacity else rows
     winner = _pick(pool, guards.spread_ties, view)
     runner_up = None
     for row in pool if len(pool) > 1 else rows:
@@ -207,12 +243,13 @@ def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -
 
 # One candidate's valuation. A plain tuple: building 64 of them per decision is the hot loop, and
 # a tuple costs a fraction of a class instance.
-_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int, float]
-_TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE = 0, 1, 2, 3, 4
+_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int, float, float]
+_TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE, _RTT, _QUEUE, _PREFILL = 0, 1, 2, 3, 4, 5, 6, 7
+_DISPLACEMENT, _DISPLACEMENT_FACTOR = 10, 11
 
 
 def _terms(row: _Row) -> CostTerms:
-    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_ms = row
+    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_ms, _ = row
     return CostTerms(
         node_id=node.id,
         total_ms=total_ms,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from routing.algorithms.base import Decision
 from routing.cache.prompt import ParsedRequest
@@ -11,6 +11,9 @@ from routing.frontdoor.front_door import Grant
 from routing.http.usage import Usage
 from routing.state.inflight import Lease
 from routing.state.table import RoutingTable
+
+if TYPE_CHECKING:
+    from routing.proxy.shadow import ShadowOutcome
 
 
 class Exchange:
@@ -21,8 +24,10 @@ class Exchange:
     """
 
     __slots__ = (
+        "arm",
         "arrival_s",
         "bytes_out",
+        "canary_id",
         "client_gone",
         "decision",
         "error",
@@ -37,6 +42,7 @@ class Exchange:
         "response_started",
         "routing_s",
         "sent_s",
+        "shadow",
         "span",
         "status",
         "stream",
@@ -70,3 +76,6 @@ class Exchange:
         self.key: ClientKeySpec | None = None
         self.grant: Grant | None = None  # what the front door granted the key
         self.span: Any = None  # the OpenTelemetry span, only while tracing is on
+        self.canary_id: int | None = None  # a canary runs (issue 23): its experiment
+        self.arm: Literal["live", "canary"] | None = None  # ... and which side serves this request
+        self.shadow: ShadowOutcome | None = None  # what a running shadow would have done

@@ -55,12 +55,14 @@ from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
 from routing.proxy.outcome import RequestOutcome
 from routing.proxy.relay import Relay
+from routing.proxy.shadow import decide_with_shadow
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.resilience.retry import Retrier
 from routing.state.inflight import InFlight
 from routing.state.policy_store import PolicyStore
 from routing.state.table import RoutingTable
+from routing.state.trials import TrialRoute, in_canary
 
 logger = logging.getLogger("routing.proxy")
 
@@ -196,12 +198,16 @@ class Proxy:
         request: RoutingRequest,
         prompt_text: str,
         prompt_ids: PromptIds | None = None,
+        route: TrialRoute | None = None,
+        exchange: Exchange | None = None,
     ) -> Decision:
-        algorithm = table.algorithm
-        # The index is only fed and asked while the policy uses it: a least_load gateway pays
-        # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
-        # and from the other gateways' shared insertions).
-        uses_index = algorithm.needs_prefix_matches
+        """Choose with the live policy (or ``route``, the canary); with ``exchange`` (the first
+        choice, not a retry's) also let a running shadow decide on the same view."""
+        algorithm = table.algorithm if route is None else route.algorithm
+        # The index is only fed and asked while a policy in the snapshot uses it: a least_load
+        # gateway pays nothing for it (after a switch to a cache-aware policy it warms up from
+        # live traffic and from the other gateways' shared insertions).
+        uses_index = table.uses_prefix_index
         node_ids = tuple(node.id for node in candidates)
         if not uses_index:
             matched: dict[int, int] = {}
@@ -213,7 +219,7 @@ class Proxy:
         view = RoutingView(
             table.region,
             candidates,
-            table.snapshot.policy.params,
+            table.snapshot.policy.params if route is None else route.params,
             self._inflight.load_view(),
             table.rtt_ms,
             table.live,
@@ -221,18 +227,45 @@ class Proxy:
             self._sequence,
             self._gateway_id,
         )
-        decision = algorithm.choose(view, request)
+        if exchange is not None and table.shadow is not None:
+            decision, exchange.shadow = decide_with_shadow(
+                algorithm, table.shadow, view, request, live_view=route is None
+            )
+        else:
+            decision = algorithm.choose(view, request)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
         return decision
+
+    def _canary_route(
+        self, table: RoutingTable, exchange: Exchange, model: str, session_key: str | None
+    ) -> TrialRoute | None:
+        """The canary when it runs and this request's session is in its share (None: the live policy).
+
+        Sessions are keyed by the session key, else the client key, else (nothing ties the
+        request to others) the request id. A canary that serves no node for the model leaves
+        the request to the live policy.
+        """
+        canary = table.canary
+        if canary is None:
+            return None
+        exchange.canary_id = canary.id
+        key = session_key or (exchange.key.id if exchange.key is not None else None) or exchange.request_id
+        if in_canary(canary, key) and canary.candidates.get(model):
+            exchange.arm = "canary"
+            return canary
+        exchange.arm = "live"
+        return None
 
     def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
         """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
         wants = getattr(self._cache_index, "wants_prompt_ids", None)
         return wants is not None and wants(candidates)
 
-    def _candidates(self, table: RoutingTable, model: str) -> tuple[NodeSpec, ...]:
-        candidates = table.candidates.get(model)
+    def _candidates(
+        self, table: RoutingTable, model: str, route: TrialRoute | None = None
+    ) -> tuple[NodeSpec, ...]:
+        candidates = (table.candidates if route is None else route.candidates).get(model)
         if candidates is None:
             raise GatewayError(404, f"The model `{model}` does not exist on this gateway.", param="model")
         blocked = self._breakers.blocked
@@ -272,7 +305,10 @@ class Proxy:
         body: bytes,
         session_key: str | None,
     ) -> None:
-        candidates = self._candidates(table, parsed.model)
+        # A canary serves the sessions its hash picks: they are routed by its policy throughout
+        # (its candidates, its algorithm, its retries).
+        route = self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
+        candidates = self._candidates(table, parsed.model, route)
         admission = self._admission
         if admission is not None:
             with_room = admission.with_room(candidates)
@@ -287,9 +323,7 @@ class Proxy:
         # (precise matching on KV events); their count is exact, unlike the estimate.
         prompt_ids = (
             self._tokenizers.prompt_ids(parsed.model, endpoint, body)
-            if self._tokenizers is not None
-            and table.algorithm.needs_prefix_matches
-            and self._wants_prompt_ids(candidates)
+            if self._tokenizers is not None and table.uses_prefix_index and self._wants_prompt_ids(candidates)
             else None
         )
         if prompt_ids is not None and prompt_ids.complete:
@@ -299,7 +333,7 @@ class Proxy:
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
         self._retrier.budget.deposit()
-        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids, route, exchange)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
@@ -314,7 +348,7 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            lambda remaining: self._route(table, remaining, request, parsed.prompt_text, prompt_ids),
+            lambda remaining: self._route(table, remaining, request, parsed.prompt_text, prompt_ids, route),
             asyncio.current_task(self._loop),
         )
         try:

@@ -64,6 +64,7 @@ class RequestOutcome:
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
             prediction = exchange.prediction
+            shadow = exchange.shadow
             if (
                 prediction is not None
                 and details is not None
@@ -107,7 +108,13 @@ class RequestOutcome:
                 total_ms=total_s * 1000,
                 bytes_out=exchange.bytes_out,
                 error=exchange.error,
-                cost=decision.cost if decision is not None else None,
+                cost=(
+                    shadow.live_cost
+                    if shadow is not None and shadow.live_cost is not None
+                    else decision.cost
+                    if decision is not None
+                    else None
+                ),
                 runner_up=decision.runner_up if decision is not None else None,
                 key_id=exchange.key.id if exchange.key is not None else None,
                 priority=exchange.key.priority if exchange.key is not None else None,
@@ -118,6 +125,14 @@ class RequestOutcome:
                 prefix_hashes=(
                     tuple(chunk_hashes(parsed.prompt_text)[:PREFIX_HASHES_MAX]) if parsed is not None else ()
                 ),
+                canary_id=exchange.canary_id,
+                arm=exchange.arm,
+                shadow_id=shadow.trial_id if shadow is not None else None,
+                shadow_node_id=shadow.node.id if shadow is not None and shadow.node is not None else None,
+                shadow_node_region=shadow.node.region
+                if shadow is not None and shadow.node is not None
+                else None,
+                shadow_cost=shadow.cost if shadow is not None else None,
             )
             self._request_log.submit(record)
             if exchange.span is not None:

@@ -15,10 +15,12 @@ import msgspec
 
 from routing.algorithms.base import AlgorithmInfo
 from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN
-from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot
+from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot, SessionAffinityParams
 from routing.http.upstream import Target, make_target
 from routing.state.eligibility import eligible_nodes, served_models
+from routing.state.trials import TrialRoute, load_trial
 
+DEFAULT_SESSION_HEADER = SessionAffinityParams().session_header
 UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
@@ -45,6 +47,9 @@ class RoutingTable:
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
     model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
+    shadow: TrialRoute | None = None  # decides beside the live policy, serves nothing (issue 23)
+    canary: TrialRoute | None = None  # serves the sessions its hash picks (issue 23)
+    uses_prefix_index: bool = False  # some policy here (live, shadow, canary) needs prefix matches
 
     @property
     def version(self) -> int:
@@ -90,7 +95,13 @@ def build_table(
         for name in models
     ]
     models_body = msgspec.json.encode({"object": "list", "data": model_objects})
+    shadow = load_trial(snapshot.shadow, snapshot, region, registry, live, rtt_ms)
+    canary = load_trial(snapshot.canary, snapshot, region, registry, live, rtt_ms)
     session_header = getattr(params, "session_header", None)
+    if canary is not None and not session_header:
+        # The canary's arm follows a conversation by its session key: read one even when the live
+        # policy keys nothing on it (the canary's own header, else the usual one).
+        session_header = getattr(canary.params, "session_header", None) or DEFAULT_SESSION_HEADER
     return RoutingTable(
         snapshot=snapshot,
         region=region,
@@ -107,4 +118,10 @@ def build_table(
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
         model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
+        shadow=shadow,
+        canary=canary,
+        uses_prefix_index=any(
+            info.needs_prefix_matches
+            for info in (algorithm, *(trial.algorithm for trial in (shadow, canary) if trial is not None))
+        ),
     )

@@ -46,11 +46,11 @@ def seed(minutes: int = 20, now_s: float | None = None) -> dict[str, int]:
     """Write ``minutes`` of history and the current live state; returns row counts."""
     from controlplane.connections import redis_client, redis_keys
     from controlplane.fleet.models import Node, Region
+    from controlplane.histogram import error_bin
     from routing import contract
     from routing.contract import NodeLiveState, RTTEntry, RTTTable
     from telemetry.aggregation import histogram_quantile_ms, ttft_bin
     from telemetry.choices import HealthChoices
-    from telemetry.histogram import error_bin
     from telemetry.models import MetricSample, NodeHealth, RequestAggregate
 
     rng = random.Random(7)

@@ -25,6 +25,7 @@ def admin_client_for_operator(client, operator):
         "/admin/policies/routingpolicy/",
         "/admin/policies/routingpolicy/add/",
         "/admin/policies/policyversion/",
+        "/admin/policies/policyexperiment/",
     ],
 )
 def test_it_shows_the_admin_pages_to_operators(admin_client_for_operator, fleet, url) -> None:

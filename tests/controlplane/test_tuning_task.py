@@ -1,7 +1,7 @@
-"""The online tuner on the control plane: windows from the request log, steps published as versions.
+"""The online tuner on the control plane: each trial runs as a canary, judged against the rest.
 
 Windows are driven explicitly (``tune_policy(policy, now_s)``) with request records written to the
-real Redis request stream, as the gateways write them.
+real Redis request stream, as the gateways write them for a canary's two arms.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ import pytest
 
 from controlplane.connections import redis_client
 from controlplane.locks import task_lock
-from controlplane.policies import publishing, tasks, tuning
-from controlplane.policies.models import PolicyVersion, RoutingPolicy, TuningWindow
-from routing.contract import REQUEST_STREAM_FIELD, SCHEMA_VERSION, RequestRecord, encode
+from controlplane.policies import experiments, publishing, tasks, tuning
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy, TuningWindow
+from routing.contract import (
+    REQUEST_STREAM_FIELD,
+    SCHEMA_VERSION,
+    PolicySnapshot,
+    RequestRecord,
+    decode,
+    decode_trial,
+    encode,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 _SEQUENCE = itertools.count()  # stream ids must grow
@@ -25,6 +33,7 @@ _SEQUENCE = itertools.count()  # stream ids must grow
 def tuned(settings, fleet, cp_keys) -> RoutingPolicy:
     settings.GORGO_TUNER_WINDOW_S = 5.0
     settings.GORGO_TUNER_MIN_REQUESTS = 20
+    settings.GORGO_TUNER_CANARY_PERCENT = 20.0
     policy = RoutingPolicy.objects.create(
         name="tuned", algorithm="gorgo", params={"w_rtt": 4.0, "w_queue": 0.25}, auto_tune=True
     )
@@ -32,120 +41,173 @@ def tuned(settings, fleet, cp_keys) -> RoutingPolicy:
     return policy
 
 
-def log_requests(version: PolicyVersion, ttft_ms: float, count: int = 30) -> None:
-    """What the gateways append to the request log for requests routed with ``version``."""
+def running_canary() -> PolicyExperiment:
+    return PolicyExperiment.objects.get(kind="canary", status="running")
+
+
+def log_requests(canary: PolicyExperiment, arm: str, ttft_ms: float, count: int = 30, canary_id=None) -> None:
+    """What the gateways append to the request log for one arm of ``canary``."""
     client, key = redis_client(), publishing.redis_keys().request_stream
-    at_ms = int(version.published_at.timestamp() * 1000) + 3000
+    at_ms = int(canary.started_at.timestamp() * 1000) + 3000
     for index in range(count):
         record = RequestRecord(
             schema_version=SCHEMA_VERSION,
-            request_id=f"{version.number}-{index}",
+            request_id=f"{canary.pk}-{arm}-{index}",
             ts=at_ms / 1000,
             gateway_region="us-east",
             gateway_id="gw",
             model="m",
             status=200,
             stream=True,
-            policy_version=version.number,
+            canary_id=canary_id or canary.pk,
+            arm=arm,
             ttft_ms=ttft_ms + index,
         )
         client.xadd(key, {REQUEST_STREAM_FIELD: encode(record)}, id=f"{at_ms}-{next(_SEQUENCE)}")
 
 
 def tick(policy: RoutingPolicy, after_s: float = 10.0) -> TuningWindow | None:
-    live = publishing.live_version()
-    assert live is not None and live.published_at is not None
-    return tuning.tune_policy(policy, live.published_at.timestamp() + after_s, random.Random(1))
+    canary = PolicyExperiment.objects.filter(kind="canary").first()
+    since = (
+        canary.started_at.timestamp()
+        if canary is not None
+        else publishing.live_version().published_at.timestamp()
+    )
+    return tuning.tune_policy(policy, since + after_s, random.Random(1))
 
 
-def test_it_measures_then_publishes_a_trial_as_a_version_by_the_tuner(tuned) -> None:
-    v1 = publishing.live_version()
-    log_requests(v1, 300.0)
-    window = tick(tuned)
-    assert window is not None and window.outcome == "measured"
-    assert (window.w_rtt, window.w_queue) == (4.0, 0.25)
-    assert window.requests == 30
-    v2 = publishing.live_version()
-    assert window.version == v2 and v2.number == v1.number + 1
-    assert v2.author_name == tuning.TUNER_AUTHOR
-    assert "w_rtt=4, w_queue=0.25 measured p95" in v2.note and "over 30 requests" in v2.note
-    tuned.refresh_from_db()
-    trial = (tuned.params["w_rtt"], tuned.params["w_queue"])
-    assert trial != (4.0, 0.25)
-    assert all(0.1 <= w <= 10.0 for w in trial)
+def live_weights() -> tuple[float, float]:
+    params = publishing.live_version().compiled().policy.params
+    return (params.w_rtt, params.w_queue)
 
 
-def test_it_reverts_when_the_trial_worsens_p95(tuned) -> None:
-    log_requests(publishing.live_version(), 300.0)
+def test_it_starts_each_trial_as_a_canary_beside_the_live_weights(tuned, redis_conn, cp_keys) -> None:
+    assert tick(tuned) is None  # no window closes: a trial starts
+    canary = running_canary()
+    assert (canary.started_by, canary.share_percent) == (tuning.TUNER_AUTHOR, 20.0)
+    snapshot = decode(redis_conn.get(cp_keys.policy_current), PolicySnapshot)
+    trial = decode_trial(snapshot.canary)
+    assert (snapshot.policy.params.w_rtt, snapshot.policy.params.w_queue) == (
+        4.0,
+        0.25,
+    )  # the rest: unchanged
+    assert (trial.policy.params.w_rtt, trial.policy.params.w_queue) != (4.0, 0.25)
+    assert all(0.1 <= w <= 10.0 for w in (trial.policy.params.w_rtt, trial.policy.params.w_queue))
+    assert publishing.live_version().note.startswith(
+        f"canary #{canary.pk} (tuned draft at 20 %) started: tuner: trying"
+    )
+
+
+def test_it_promotes_a_better_trial(tuned) -> None:
     tick(tuned)
-    log_requests(publishing.live_version(), 600.0)  # the trial is worse
-    window = tick(tuned)
-    assert window is not None and window.outcome == "rejected"
-    v3 = publishing.live_version()
-    assert window.version == v3 and v3.author_name == tuning.TUNER_AUTHOR
-    assert v3.note.startswith("tuner: reverted to w_rtt=4, w_queue=0.25")
-    tuned.refresh_from_db()
-    assert (tuned.params["w_rtt"], tuned.params["w_queue"]) == (4.0, 0.25)
-
-
-def test_it_keeps_a_better_trial(tuned) -> None:
-    log_requests(publishing.live_version(), 600.0)
-    tick(tuned)
-    trial = TuningWindow.objects.get().state["trial"]
-    log_requests(publishing.live_version(), 200.0)
+    canary = running_canary()
+    log_requests(canary, "live", 600.0)
+    log_requests(canary, "canary", 200.0)
     window = tick(tuned)
     assert window is not None and window.outcome == "accepted"
-    assert window.state["incumbent"] == trial
-    assert "tuner: accepted" in publishing.live_version().note
+    trial = (canary.trial_policy().params.w_rtt, canary.trial_policy().params.w_queue)
+    assert (window.w_rtt, window.w_queue) == trial and window.requests == 30
+    assert live_weights() == trial
+    version = publishing.live_version()
+    assert window.version == version and version.author_name == tuning.TUNER_AUTHOR
+    assert "tuner: accepted" in version.note
+    canary.refresh_from_db()
+    assert (canary.status, canary.ended_by) == ("promoted", tuning.TUNER_AUTHOR)
+    tuned.refresh_from_db()
+    assert (tuned.params["w_rtt"], tuned.params["w_queue"]) == trial
+    assert tick(tuned) is None and running_canary().pk != canary.pk  # the next trial is on at once
 
 
-def test_it_waits_for_a_full_window_with_enough_requests(tuned) -> None:
-    v1 = publishing.live_version()
-    log_requests(v1, 300.0, count=10)
-    assert tick(tuned) is None  # too few requests
-    log_requests(v1, 300.0, count=30)
-    assert tick(tuned, after_s=4.0) is None  # too early
-    assert PolicyVersion.objects.count() == 1 and not TuningWindow.objects.exists()
-
-
-def test_it_counts_only_requests_routed_with_the_live_version(tuned) -> None:
-    v1 = publishing.live_version()
-    log_requests(v1, 300.0)
+def test_it_stops_a_worse_trial_and_keeps_the_live_weights(tuned) -> None:
     tick(tuned)
-    assert tick(tuned) is None  # the new trial has no requests of its own yet
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 600.0)
+    window = tick(tuned)
+    assert window is not None and window.outcome == "rejected"
+    assert live_weights() == (4.0, 0.25)
+    canary.refresh_from_db()
+    assert canary.status == "stopped" and canary.end_note.startswith(
+        "tuner: reverted to w_rtt=4, w_queue=0.25"
+    )
+    assert window.state["sigma"] < 0.5 and window.state["incumbent_p95_ms"] is not None
+
+
+def test_it_waits_for_a_full_window_with_enough_requests_in_both_arms(tuned) -> None:
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 300.0, count=10)
+    assert tick(tuned) is None  # too few canary requests
+    log_requests(canary, "canary", 300.0, count=30)
+    assert tick(tuned, after_s=4.0) is None  # too early
+    assert not TuningWindow.objects.exists() and running_canary() == canary
+
+
+def test_it_counts_only_the_requests_of_its_canary(tuned) -> None:
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 300.0, canary_id=canary.pk + 100)
+    assert tick(tuned) is None
+
+
+def test_it_counts_an_automatic_rollback_as_a_rejection(tuned) -> None:
+    tick(tuned)
+    canary = running_canary()
+    experiments.rollback_canary(canary, "us-east: TTFT +300.0 ms against the rest")
+    window = tick(tuned)
+    assert window is not None and window.outcome == "rejected"
+    assert "automatic rollback: us-east: TTFT +300.0 ms" in window.note
+    assert live_weights() == (4.0, 0.25)
+    assert tick(tuned) is None and running_canary().pk != canary.pk  # a new trial
 
 
 def test_it_restarts_from_what_an_operator_published(tuned) -> None:
-    log_requests(publishing.live_version(), 300.0)
     tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 600.0)
+    tick(tuned)  # rejected
     tuned.params = {"w_rtt": 1.0, "w_queue": 1.0}
     tuned.save()
     publishing.publish(tuned, note="by hand")
-    log_requests(publishing.live_version(), 300.0)
-    window = tick(tuned)
-    assert window is not None and window.outcome == "measured"
-    assert (window.w_rtt, window.w_queue) == (1.0, 1.0)
+    tick(tuned)
+    assert running_canary().trial_policy().params.w_queue != 0.25
+    assert TuningWindow.objects.count() == 1
 
 
-def test_it_does_not_publish_over_unsaved_operator_edits(tuned) -> None:
-    log_requests(publishing.live_version(), 300.0)
+def test_it_starts_no_trial_over_unsaved_operator_edits(tuned) -> None:
     tuned.max_rtt_ms = 150.0
     tuned.save()  # a draft the operator has not published
     assert tick(tuned) is None
-    assert PolicyVersion.objects.count() == 1
+    assert not PolicyExperiment.objects.exists() and PolicyVersion.objects.count() == 1
+
+
+def test_it_starts_no_trial_while_an_operators_canary_runs(tuned, operator) -> None:
+    experiments.start(
+        "canary",
+        policy=tuned,
+        spec=publishing.live_version().compiled().policy,
+        source_version=publishing.live_version(),
+        user=operator.user,
+        share_percent=5,
+    )
+    assert tick(tuned) is None
+    assert PolicyExperiment.objects.count() == 1
 
 
 def test_the_task_runs_only_for_an_active_policy_with_tuning_on(tuned) -> None:
     RoutingPolicy.objects.filter(pk=tuned.pk).update(auto_tune=False)
     assert tasks.tune() is None
+    assert not PolicyExperiment.objects.exists()
 
 
 def test_the_task_never_overlaps_itself(tuned, cp_keys) -> None:
-    log_requests(publishing.live_version(), 300.0)
     with task_lock(redis_client(), cp_keys, "policies-tune", 30) as acquired:
         assert acquired
         assert tasks.tune() is None
-    assert not TuningWindow.objects.exists()
+    assert not PolicyExperiment.objects.exists()
 
 
 def test_tuning_is_refused_for_other_algorithms(operator_client) -> None:

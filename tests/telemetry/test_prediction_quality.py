@@ -14,10 +14,10 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.histogram import signed_quantile_ms
 from routing import contract
 from routing.contract import CostTerms, RequestRecord
 from telemetry.aggregation import apply_batch, predicted_ttft_ms, prediction_quality_of
-from telemetry.histogram import signed_quantile_ms
 from telemetry.models import RequestAggregate
 from tests.telemetry.conftest import make_node, make_regions
 

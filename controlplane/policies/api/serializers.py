@@ -11,13 +11,16 @@ from rest_framework.exceptions import NotFound
 from controlplane.api import (
     ExactSerializer,
     StrictCharField,
+    StrictFloatField,
     StrictIntegerField,
     StrictSlugRelatedField,
     ValidatedModelSerializer,
 )
 from controlplane.fleet.models import LLMModel
-from controlplane.policies import whatif
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies import experiments, whatif
+from controlplane.policies.choices import ExperimentKindChoices
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
+from routing.contract import MAX_CANARY_SHARE
 
 
 class ResidencyRuleSerializer(ExactSerializer):
@@ -187,7 +190,7 @@ class PolicyDiffSerializer(serializers.Serializer):
     changes = SnapshotChangeSerializer(many=True)
 
 
-class WhatIfRequestSerializer(serializers.Serializer):
+class WhatIfRequestSerializer(ExactSerializer):
     minutes = StrictIntegerField(
         min_value=whatif.MIN_MINUTES,
         max_value=whatif.MAX_MINUTES,
@@ -245,3 +248,118 @@ class WhatIfRunSerializer(serializers.Serializer):
     url = serializers.CharField(required=False, help_text="Where to fetch the run.")
     error = serializers.CharField(required=False)
     result = WhatIfResultSerializer(required=False)
+
+
+class ExperimentStartSerializer(ExactSerializer):
+    """Start a shadow or canary (issue 23) of a stored version or of a policy's draft (exactly one)."""
+
+    kind = serializers.ChoiceField(choices=ExperimentKindChoices.choices)
+    version = StrictIntegerField(
+        min_value=1, max_value=2**31 - 1, required=False, help_text="Number of a stored policy version."
+    )
+    policy = StrictIntegerField(
+        min_value=1,
+        max_value=2**31 - 1,
+        required=False,
+        help_text="Id of a policy whose draft (as it is now) is compiled and run.",
+    )
+    share_percent = StrictFloatField(
+        required=False, help_text="Canary only: the share of sessions it serves, more than 0 and at most 50."
+    )
+    margin_ms = StrictFloatField(required=False, min_value=0.0, max_value=10_000.0)
+    margin_error_rate = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
+    min_samples = StrictIntegerField(required=False, min_value=2, max_value=10_000_000)
+    alpha = StrictFloatField(required=False, min_value=1e-6, max_value=0.5)
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, data: dict) -> dict:
+        if ("version" in data) == ("policy" in data):
+            raise serializers.ValidationError(
+                {
+                    "version": "Give either version (a stored version's number) or policy (a draft's policy id)."
+                }
+            )
+        if "version" in data:
+            version = PolicyVersion.objects.select_related("policy").filter(number=data["version"]).first()
+            if version is None:
+                raise serializers.ValidationError(
+                    {
+                        "version": f"No policy version {data['version']}; GET /api/v1/policy-versions/ lists them."
+                    }
+                )
+            data["source_version"], data["policy_object"] = version, version.policy
+        else:
+            policy = RoutingPolicy.objects.filter(pk=data["policy"]).first()
+            if policy is None:
+                raise serializers.ValidationError(
+                    {"policy": f"No policy {data['policy']}; GET /api/v1/policies/ lists them."}
+                )
+            data["source_version"], data["policy_object"] = None, policy
+        share = data.get("share_percent")
+        if data["kind"] == ExperimentKindChoices.CANARY:
+            if share is None or not 0 < share <= MAX_CANARY_SHARE * 100:
+                raise serializers.ValidationError(
+                    {"share_percent": "A canary's share must be more than 0 and at most 50 (%)."}
+                )
+        elif share is not None:
+            raise serializers.ValidationError(
+                {"share_percent": "Only a canary serves a share; a shadow serves none."}
+            )
+        return data
+
+
+class ExperimentEndSerializer(ExactSerializer):
+    note = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class PolicyExperimentSerializer(serializers.ModelSerializer):
+    """A shadow or canary: what runs, since when, and the workers' figures per region."""
+
+    url = serializers.HyperlinkedIdentityField(view_name="policyexperiment-detail")
+    policy = NestedRoutingPolicySerializer(read_only=True)
+    source_version = serializers.IntegerField(source="source_version.number", read_only=True, allow_null=True)
+    started_version = serializers.IntegerField(
+        source="started_version.number", read_only=True, allow_null=True
+    )
+    ended_version = serializers.IntegerField(source="ended_version.number", read_only=True, allow_null=True)
+    trial = serializers.SerializerMethodField(help_text="The trial's compiled policy settings.")
+    comparison = serializers.SerializerMethodField(
+        help_text="Canary: per region, canary against the rest with always-valid intervals (mSPRT)."
+    )
+
+    class Meta:
+        model = PolicyExperiment
+        fields = [
+            "id",
+            "url",
+            "kind",
+            "status",
+            "policy",
+            "source_version",
+            "trial",
+            "share_percent",
+            "margin_ms",
+            "margin_error_rate",
+            "min_samples",
+            "alpha",
+            "started_at",
+            "started_by",
+            "started_version",
+            "ended_at",
+            "ended_by",
+            "ended_version",
+            "end_note",
+            "figures",
+            "figures_updated_at",
+            "comparison",
+        ]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_trial(self, experiment: PolicyExperiment) -> dict:
+        return msgspec.json.decode(experiment.spec)
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_comparison(self, experiment: PolicyExperiment) -> list[dict]:
+        if experiment.kind != ExperimentKindChoices.CANARY:
+            return []
+        return [verdict.as_json() for verdict in experiments.verdicts(experiment)]

@@ -16,9 +16,12 @@ from rest_framework.response import Response
 
 from controlplane.api import BaseModelViewSet, BaseReadOnlyViewSet, ConflictError
 from controlplane.permissions import required_perms
-from controlplane.policies import publishing, review, tasks, whatif
+from controlplane.policies import experiments, publishing, review, tasks, whatif
 from controlplane.policies.api.serializers import (
+    ExperimentEndSerializer,
+    ExperimentStartSerializer,
     PolicyDiffSerializer,
+    PolicyExperimentSerializer,
     PolicyValidationSerializer,
     PolicyVersionSerializer,
     PublishRequestSerializer,
@@ -27,8 +30,12 @@ from controlplane.policies.api.serializers import (
     WhatIfRequestSerializer,
     WhatIfRunSerializer,
 )
-from controlplane.policies.filtersets import PolicyVersionFilterSet, RoutingPolicyFilterSet
-from controlplane.policies.models import PolicyVersion, RoutingPolicy
+from controlplane.policies.filtersets import (
+    PolicyExperimentFilterSet,
+    PolicyVersionFilterSet,
+    RoutingPolicyFilterSet,
+)
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy
 
 _INVALID = OpenApiResponse(OpenApiTypes.OBJECT, description="The policy is invalid: field errors.")
 _PUBLISHED = {
@@ -178,3 +185,84 @@ class PolicyVersionViewSet(BaseReadOnlyViewSet):
     queryset = PolicyVersion.objects.select_related("policy", "rolled_back_from")
     serializer_class = PolicyVersionSerializer
     filterset_class = PolicyVersionFilterSet
+
+
+_EXPERIMENT_STEP = {
+    200: PolicyExperimentSerializer,
+    409: OpenApiResponse(OpenApiTypes.OBJECT, description="It is not running."),
+    503: OpenApiResponse(OpenApiTypes.OBJECT, description="Redis is unreachable; nothing changed."),
+}
+
+
+class PolicyExperimentViewSet(BaseReadOnlyViewSet):
+    """Shadows and canaries (issue 23): list and status (with figures); start, stop, promote."""
+
+    queryset = PolicyExperiment.objects.select_related(
+        "policy", "source_version", "started_version", "ended_version"
+    )
+    serializer_class = PolicyExperimentSerializer
+    filterset_class = PolicyExperimentFilterSet
+
+    @extend_schema(
+        request=ExperimentStartSerializer,
+        responses={
+            201: PolicyExperimentSerializer,
+            400: _INVALID,
+            409: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="One of this kind is running, or nothing is live yet."
+            ),
+            503: OpenApiResponse(OpenApiTypes.OBJECT, description="Redis is unreachable; nothing changed."),
+        },
+        summary="Start a shadow or a canary",
+    )
+    @required_perms("policies.publish_routingpolicy")
+    def create(self, request: Request) -> Response:
+        body = ExperimentStartSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        version = data["source_version"]
+        spec = (
+            experiments.trial_from_version(version)
+            if version is not None
+            else experiments.trial_from_draft(data["policy_object"])
+        )
+        defaults = experiments.CanaryLimits()
+        experiment = experiments.start(
+            data["kind"],
+            policy=data["policy_object"],
+            spec=spec,
+            source_version=version,
+            user=request.user,
+            share_percent=data.get("share_percent"),
+            limits=experiments.CanaryLimits(
+                margin_ms=data.get("margin_ms", defaults.margin_ms),
+                margin_error_rate=data.get("margin_error_rate", defaults.margin_error_rate),
+                min_samples=data.get("min_samples", defaults.min_samples),
+                alpha=data.get("alpha", defaults.alpha),
+            ),
+            note=data["note"],
+        )
+        serializer = self.get_serializer(experiment)
+        return Response(serializer.data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ExperimentEndSerializer, responses=_EXPERIMENT_STEP, summary="Stop it")
+    @action(detail=True, methods=["post"])
+    @required_perms("policies.publish_routingpolicy")
+    def stop(self, request: Request, pk: str | None = None) -> Response:
+        body = ExperimentEndSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        experiment = experiments.stop(self.get_object(), user=request.user, note=body.validated_data["note"])
+        return Response(self.get_serializer(experiment).data)
+
+    @extend_schema(
+        request=ExperimentEndSerializer, responses=_EXPERIMENT_STEP, summary="Publish it as the live policy"
+    )
+    @action(detail=True, methods=["post"])
+    @required_perms("policies.publish_routingpolicy")
+    def promote(self, request: Request, pk: str | None = None) -> Response:
+        body = ExperimentEndSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        experiment = experiments.promote(
+            self.get_object(), user=request.user, note=body.validated_data["note"]
+        )
+        return Response(self.get_serializer(experiment).data)

@@ -1,9 +1,10 @@
-"""The log-bucketed TTFT histogram every request bucket keeps (per node, region and client key).
+"""The log-bucketed TTFT histogram every request bucket keeps (per node, region, client key and experiment).
 
 Bin i holds values in (BIN_BASE_MS * GROWTH**(i-1), BIN_BASE_MS * GROWTH**i]; keys are the bin
 index as text (the histogram is stored as JSON). 5 % wide bins: quantiles within 2.5 %, and a
 bucket's histogram stays a few hundred entries at most. Histograms add bin by bin, so buckets can
-be merged (a batch into a bucket, buckets into a chart's step) and quantiles taken afterwards.
+be merged (a batch into a bucket, buckets into a chart's step) and quantiles taken afterwards. In core:
+telemetry's buckets and the policies' shadow and canary figures both keep them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""The shadow's decision beside the live one (issue 23): one more pure function call on the same view.
+
+Algorithms are pure over an immutable view, so the shadow decides on exactly what the live policy
+saw (candidates, load, RTT, live state, prefix matches, the request counter) with its own
+parameters. Its candidates are the live view's when its guards are the live policy's (the usual
+case, and the one that includes this gateway's breakers and admission), else its own eligible
+nodes for the model. Both sides' predicted TTFT terms are logged: an algorithm that prices nothing
+(round robin, least load, ...) is priced by the GORGO cost model for the node it chose, so the two
+sides are compared on one model. A shadow that only moves gorgo's weights reuses the live
+decision's per-node terms (``decide_with_shadow``). Nothing here touches the index, the in-flight
+bookkeeping or the network: the shadow serves nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from routing.algorithms import gorgo
+from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.contract import AlgorithmParams, CostTerms, GorgoParams, NodeSpec
+from routing.state.trials import TrialRoute
+
+_PRICING_PARAMS = GorgoParams()
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowOutcome:
+    """What the shadow would have done, and the live decision's terms when its algorithm gave none."""
+
+    trial_id: int
+    node: NodeSpec | None  # None: the shadow has no eligible node for the model
+    cost: CostTerms | None
+    live_cost: CostTerms | None  # None: the live decision's own cost terms stand
+
+
+def decide_with_shadow(
+    algorithm: AlgorithmInfo,
+    shadow: TrialRoute,
+    view: RoutingView,
+    request: RoutingRequest,
+    *,
+    live_view: bool,
+) -> tuple[Decision, ShadowOutcome]:
+    """The decision on ``view`` and the shadow's beside it.
+
+    When the shadow only moves gorgo's weights (``TrialRoute.reweighs``) and ``view`` is the live
+    policy's (``live_view``; not a canary's), gorgo's per-node terms are computed once and weighed
+    twice (``gorgo.choose_twice``): a few multiplications per node instead of a second decision.
+    """
+    if live_view and shadow.reweighs:
+        assert isinstance(shadow.params, GorgoParams)
+        decision, shadowed = gorgo.choose_twice(view, request, shadow.params)
+        return decision, ShadowOutcome(shadow.id, shadowed.node, shadowed.cost, None)
+    decision = algorithm.choose(view, request)
+    return decision, shadow_decision(shadow, view, request, decision)
+
+
+def shadow_decision(
+    shadow: TrialRoute, view: RoutingView, request: RoutingRequest, live: Decision
+) -> ShadowOutcome:
+    """The shadow's choice on ``view`` (the live decision's view), priced like the live one."""
+    live_cost = None if _priced(live) else price(view, request, live.node)
+    candidates = view.candidates if shadow.same_guards else shadow.candidates.get(request.model)
+    if not candidates:
+        return ShadowOutcome(shadow.id, None, None, live_cost)
+    shadow_view = _beside(view, candidates, shadow.params)
+    decision = shadow.algorithm.choose(shadow_view, request)
+    cost = decision.cost if _priced(decision) else price(shadow_view, request, decision.node)
+    return ShadowOutcome(shadow.id, decision.node, cost, live_cost)
+
+
+def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTerms | None:
+    """The GORGO cost model's terms (rtt, queue, prefill) for ``node`` on ``view``."""
+    params = view.params if isinstance(view.params, GorgoParams) else _PRICING_PARAMS
+    return gorgo.choose(_beside(view, (node,), params), request).cost
+
+
+def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: AlgorithmParams) -> RoutingView:
+    """``view`` with other candidates and parameters: the same load, RTT, live state and matches."""
+    return RoutingView(
+        view.region,
+        candidates,
+        params,
+        view.load,
+        view.rtt_ms,
+        view.live,
+        view.matched_tokens,
+        view.sequence,
+        view.gateway_id,
+    )
+
+
+def _priced(decision: Decision) -> bool:
+    return decision.cost is not None and decision.cost.node_id == decision.node.id
