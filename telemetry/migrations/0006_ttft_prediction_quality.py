@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('telemetry', '0004_split_client_errors_and_local_cross_region_buckets'),
+        ('telemetry', '0005_keep_request_records_for_lookup_by_id'),
     ]
 
     operations = [
