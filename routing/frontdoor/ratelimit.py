@@ -195,22 +195,34 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
 
 class RedisBackoff:
     """After a failed Redis call, answer locally for ``retry_after_s`` so requests do not each pay
-    a timeout; warn once per outage. Used by the rate and the concurrency limiters."""
+    a timeout; warn once per outage. Used by the rate and the concurrency limiters.
 
-    __slots__ = ("_retry_after_s", "_what", "until")
+    An outage lasts from the first failed call to the next call that succeeds. (Before issue 22
+    every retry after ``retry_after_s`` that failed again warned again: a hung Redis, whose calls
+    each time out, logged the warning every 1.25 s.)
+    """
+
+    __slots__ = ("_retry_after_s", "_what", "down", "until")
 
     def __init__(self, retry_after_s: float, what: str) -> None:
         self._retry_after_s = retry_after_s
         self._what = what
         self.until = 0.0  # monotonic: local answers only until then
+        self.down = False  # a call failed and none has succeeded since
 
     def up(self, now: float) -> bool:
         return now >= self.until
 
     def failed(self, now: float, exc: BaseException) -> None:
-        if self.until <= now:
+        if not self.down:
+            self.down = True
             logger.warning("%s: Redis unreachable (%s); per-gateway limits meanwhile", self._what, exc)
         self.until = now + self._retry_after_s
+
+    def succeeded(self) -> None:
+        if self.down:
+            self.down = False
+            logger.info("%s: Redis answers again; shared limits again", self._what)
 
 
 class _Lease:
@@ -377,6 +389,7 @@ class RateLimiter:
                 self.backoff.failed(now, exc)
                 self.fallbacks += 1
                 return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+            self.backoff.succeeded()
             if not raw[0]:
                 verdict = make_verdict(key, raw)
                 refusal = (verdict, cost_tokens)
