@@ -23,7 +23,8 @@ import logging
 import os
 import time
 
-from routing.algorithms.base import Decision, RoutingRequest, RoutingView
+from routing.algorithms import least_load
+from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.cache.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
     BodyError,
@@ -63,6 +64,12 @@ from routing.state.policy_store import PolicyStore
 from routing.state.table import RoutingTable
 
 logger = logging.getLogger("routing.proxy")
+
+_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 
 
 class Proxy:
@@ -196,8 +203,11 @@ class Proxy:
         request: RoutingRequest,
         prompt_text: str,
         prompt_ids: PromptIds | None = None,
+        endpoint: Endpoint = "chat",
     ) -> Decision:
-        algorithm = table.algorithm
+        # Embeddings go by load whatever the policy says: a pooling request keeps no KV cache
+        # worth returning to, so prefix credit would only pile them on one node.
+        algorithm: AlgorithmInfo = least_load.INFO if endpoint == "embeddings" else table.algorithm
         # The index is only fed and asked while the policy uses it: a least_load gateway pays
         # nothing for it (after a switch to a cache-aware policy it warms up from live traffic
         # and from the other gateways' shared insertions).
@@ -288,6 +298,7 @@ class Proxy:
         prompt_ids = (
             self._tokenizers.prompt_ids(parsed.model, endpoint, body)
             if self._tokenizers is not None
+            and endpoint != "embeddings"
             and table.algorithm.needs_prefix_matches
             and self._wants_prompt_ids(candidates)
             else None
@@ -299,10 +310,10 @@ class Proxy:
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
         self._retrier.budget.deposit()
-        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids)
+        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids, endpoint)
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
-        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        path = _PATHS[endpoint]
 
         response = await self._retrier.open(
             exchange,
@@ -314,7 +325,9 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            lambda remaining: self._route(table, remaining, request, parsed.prompt_text, prompt_ids),
+            lambda remaining: self._route(
+                table, remaining, request, parsed.prompt_text, prompt_ids, endpoint
+            ),
             asyncio.current_task(self._loop),
         )
         try:

@@ -19,7 +19,7 @@ from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot
 from routing.http.upstream import Target, make_target
 from routing.state.eligibility import eligible_nodes, served_models
 
-UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions")
+UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 class UnknownAlgorithm(ValueError):
