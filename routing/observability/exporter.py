@@ -180,7 +180,7 @@ class StateCollector(Collector):
         chars_per_token: Callable[[], float] | None = None,
         keyset_version: Callable[[], int | None] | None = None,
         breaker_states: Callable[[], dict[int, int]] | None = None,
-        client_stats: Callable[[], tuple[int, int, int, int]] | None = None,
+        client_stats: Callable[[], tuple[int, int, int, int, int]] | None = None,
         timeouts: Callable[[], dict[str, int]] | None = None,
         queue_lengths: Callable[[], dict[str, int]] | None = None,
     ) -> None:
@@ -255,9 +255,10 @@ class StateCollector(Collector):
             yield lengths
         timeouts = dict(self._timeouts()) if self._timeouts is not None else {}
         if self._client_stats is not None:
-            open_now, rejected, header_timeouts, body_timeouts = self._client_stats()
+            open_now, rejected, header_timeouts, body_timeouts, send_timeouts = self._client_stats()
             timeouts["header_read"] = header_timeouts
             timeouts["body_read"] = body_timeouts
+            timeouts["client_send"] = send_timeouts
             yield GaugeMetricFamily(
                 "gorgo_gateway_connections_open", "Client connections open now.", value=open_now
             )
