@@ -460,7 +460,7 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
     index.sync_nodes(table.snapshot.nodes)
 
 
-def _client_stats() -> tuple[int, int, int, int, int]:
+def _client_stats() -> tuple[int, int, int, int, int, int]:
     """This process's client-side counters (``routing.http.client_side``; zero when uvicorn's own protocol runs)."""
     stats = GuardedHttpToolsProtocol.stats
     return (
@@ -469,6 +469,7 @@ def _client_stats() -> tuple[int, int, int, int, int]:
         stats.header_timeouts,
         stats.body_timeouts,
         stats.send_timeouts,
+        stats.evicted_idle,
     )
 
 

@@ -12,7 +12,8 @@ adds each, answering like an HTTP server should and closing the connection:
 | header count | ``GORGO_CLIENT_MAX_HEADERS`` | 431 |
 | head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
 | body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
-| open connections per process | ``GORGO_MAX_CONNECTIONS`` | 503 + ``Retry-After`` |
+| open connections per process | ``GORGO_MAX_CONNECTIONS`` | the oldest idle connection is closed; none idle: 503 + ``Retry-After`` |
+| open connections per client address | ``GORGO_MAX_CONNECTIONS_PER_ADDRESS`` | that address's oldest idle connection is closed; none idle: 503 |
 | a transfer coding other than ``chunked`` (e.g. ``gzip, chunked``) | | 501 |
 | any other framing error (CL + TE, a bad chunk size, NUL in a header, an HTTP/2 preface) | | 400 |
 | a client that reads none of its answer (its socket buffers full) | ``GORGO_CLIENT_SEND_TIMEOUT_S`` | connection cut; the request is cancelled (499) |
@@ -23,6 +24,14 @@ request's body was read whole (a 413, a 401 to a stranger) ends the connection: 
 body is read and dropped for at most ``_LINGER_S`` (closing with it unread would reset the
 connection and could destroy the answer in flight), then the connection closes. Before, it stayed
 open until the body timeout.
+
+Connection pressure (issue 22, item 3): 2,048 idle keep-alive connections from one unauthenticated
+client used to fill ``GORGO_MAX_CONNECTIONS``, and every new client got 503. A connection is idle
+while it is kept alive after an answer and has received no byte of a next request (a new connection
+that never sent a request is not: the header timeout ends it, and the address cap bounds it); idle
+connections are kept in one insertion-ordered dict, oldest first, so at the cap the oldest is
+closed for the newcomer in O(1), and a connection with a request under way is never closed for
+another. The per-address cap bounds what one client holds at all.
 
 Request smuggling: httptools (llhttp) itself refuses a request with both ``Content-Length`` and
 ``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
@@ -57,10 +66,25 @@ _LINGER_MAX_BYTES = 1 << 20
 class ClientStats:
     """Counters of refused and timed-out clients, for /metrics."""
 
-    __slots__ = ("body_timeouts", "connections", "header_timeouts", "rejected_connections", "send_timeouts")
+    __slots__ = (
+        "body_timeouts",
+        "by_address",
+        "closing",
+        "connections",
+        "evicted_idle",
+        "header_timeouts",
+        "idle",
+        "rejected_connections",
+        "send_timeouts",
+    )
 
     def __init__(self) -> None:
         self.send_timeouts = 0
+        self.evicted_idle = 0  # idle connections closed to make room for a new one
+        # Idle connections, oldest first (a dict keeps insertion order; re-insertion moves to the end).
+        self.idle: dict[GuardedHttpToolsProtocol, None] = {}
+        self.by_address: dict[str, int] = {}  # client address -> connections open from it
+        self.closing = 0  # closed to make room, not yet gone from ``connections``
         self.rejected_connections = 0
         self.header_timeouts = 0
         self.body_timeouts = 0
@@ -230,6 +254,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._body_timeout_s = config.client_body_timeout_s
         self._max_connections = config.max_connections
         self._send_timeout_s = config.client_send_timeout_s
+        self._max_connections_per_address = config.max_connections_per_address
+        self._address = ""
+        self._evicted = False
         self._lingering = -1  # bytes dropped since the answer, while lingering; -1: not lingering
         self._head_bytes = 0
         self._header_count = 0
@@ -247,15 +274,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ---- connections ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        GuardedHttpToolsProtocol.stats.connections = self.connections
-        if len(self.connections) >= self._max_connections:
-            self._refused = True
-            GuardedHttpToolsProtocol.stats.rejected_connections += 1
-            self.transport = transport
-            error = GatewayError(503, "The gateway has too many open connections.", retry_after_s=1)
-            transport.write(_raw_response(error))
-            transport.close()
+        stats = GuardedHttpToolsProtocol.stats
+        stats.connections = self.connections
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        from_address = stats.by_address.get(address, 0)
+        if from_address >= self._max_connections_per_address and not self._evict_idle(address):
+            self._refuse_connection(transport, "Too many open connections from your address.")
             return
+        if len(self.connections) - stats.closing >= self._max_connections and not self._evict_idle(None):
+            self._refuse_connection(transport, "The gateway has too many open connections.")
+            return
+        self._address = address
+        stats.by_address[address] = stats.by_address.get(address, 0) + 1
         super().connection_made(transport)
         self.transport = CorkedTransport(transport, self.loop, self._linger)  # type: ignore[assignment]
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
@@ -264,7 +295,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_timer()
         if self._refused:
             return
+        stats = GuardedHttpToolsProtocol.stats
+        stats.idle.pop(self, None)
+        if self._evicted:
+            stats.closing -= 1
+        left = stats.by_address.get(self._address, 1) - 1
+        if left > 0:
+            stats.by_address[self._address] = left
+        else:
+            stats.by_address.pop(self._address, None)
         super().connection_lost(exc)
+
+    def _refuse_connection(self, transport: asyncio.Transport, message: str) -> None:
+        self._refused = True
+        GuardedHttpToolsProtocol.stats.rejected_connections += 1
+        self.transport = transport
+        transport.write(_raw_response(GatewayError(503, message, retry_after_s=1)))
+        transport.close()
+
+    def _evict_idle(self, address: str | None) -> bool:
+        """Close the oldest idle connection (of ``address``, or of anyone) to make room for a new
+        one; ``False`` when there is none."""
+        stats = GuardedHttpToolsProtocol.stats
+        victim = None
+        for candidate in stats.idle:
+            if address is None or candidate._address == address:
+                victim = candidate
+                break
+        if victim is None:
+            return False
+        del stats.idle[victim]
+        victim._evicted = True
+        stats.closing += 1
+        stats.evicted_idle += 1
+        victim._stop_timer()
+        victim.transport.close()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -275,6 +341,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._close_now()
             return
         if self._in_head:
+            if self._head_bytes == 0:
+                GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
             self._head_bytes += len(data)
         # uvicorn's data_received, except that a head over the limits gets 431, not 400.
         self._unset_keepalive_if_required()
@@ -301,6 +369,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
         if not self._in_head:  # the next request on a kept-alive connection
             self._in_head = True
             self._head_bytes = 0
@@ -349,6 +418,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
         elif not self._in_head:  # (a next head already begun keeps its own, shorter timeout)
             self._arm(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            GuardedHttpToolsProtocol.stats.idle[self] = None  # idle from now: newest last
 
     # ---- limits ------------------------------------------------------------------------------
 
