@@ -39,6 +39,7 @@ from routing.config import GatewayConfig
 from routing.contract import NodeSpec
 from routing.errors import GatewayError
 from routing.frontdoor.admission import Admission
+from routing.frontdoor.auth import AuthError
 from routing.frontdoor.front_door import FrontDoor
 from routing.http.asgi import (
     ClientGone,
@@ -163,6 +164,8 @@ class Proxy:
                 watch = DisconnectWatch(receive, exchange, task)
                 await self._forward(send, exchange, table, parsed, endpoint, headers, body, session_key)
             except GatewayError as exc:
+                if isinstance(exc, AuthError) and exc.key is not None and exchange.key is None:
+                    exchange.refused_key = exc.key  # the record names the revoked/expired key
                 await self._relay.error(send, exchange, exc)
         except asyncio.CancelledError:
             if not exchange.client_gone:
