@@ -66,6 +66,33 @@ from routing.state.table import RoutingTable
 
 logger = logging.getLogger("routing.proxy")
 
+# The most characters one token can stand for in practice: a prompt with more than
+# ``max_context_tokens`` times this many characters is past the model's context whatever its
+# tokenizer (ordinary text runs 3-5 characters a token), and is refused without a node round trip.
+MAX_CHARS_PER_TOKEN = 16
+_PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+
+
+def _check_context(table: RoutingTable, parsed: ParsedRequest, endpoint: Endpoint) -> None:
+    """vLLM's 400 for a prompt past the model's context (issue 22, item 5), when even the most
+    generous count of tokens says so. Before, a 3.9 MB prompt went to the node (which refused it)
+    after the gateway had rendered, indexed and perhaps tokenized all of it."""
+    limit = table.max_context_tokens.get(parsed.model)
+    if not limit:
+        return
+    exact = parsed.prompt_tokens_exact
+    at_least = exact if exact is not None else parsed.prompt_chars // MAX_CHARS_PER_TOKEN
+    if at_least <= limit:
+        return
+    counted = "" if exact is not None else f" (counted from its {parsed.prompt_chars} characters)"
+    raise GatewayError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your request has at "
+        f"least {at_least} input tokens{counted}. Please reduce the length of the input.",
+        param=_PROMPT_PARAMS.get(endpoint),
+    )
+
+
 _PATHS: dict[str, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -153,6 +180,7 @@ class Proxy:
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
                 exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+                _check_context(table, parsed, endpoint)
                 if exchange.key is not None:
                     assert front_door is not None
                     exchange.grant = await front_door.admit(

@@ -45,6 +45,7 @@ class RoutingTable:
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
     model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
+    max_context_tokens: Mapping[str, int]  # model -> its context length (vLLM's max_model_len)
 
     @property
     def version(self) -> int:
@@ -107,4 +108,5 @@ def build_table(
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
         model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
+        max_context_tokens={model.name: model.max_context_tokens for model in snapshot.models},
     )
