@@ -41,7 +41,7 @@ from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.front_door import FrontDoor
 from routing.frontdoor.keystore import KeyStore
 from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
-from routing.http.asgi import Receive, Scope, Send, send_response
+from routing.http.asgi import Receive, Scope, Send, scan_request_headers, send_response
 from routing.http.client_side import GuardedHttpToolsProtocol
 from routing.http.upstream import UpstreamClient
 from routing.observability.exporter import CONTENT_TYPE, GatewayMetrics, StateCollector
@@ -58,7 +58,48 @@ from routing.state.table import RoutingTable
 logger = logging.getLogger("routing.app")
 
 _GC_GEN0_THRESHOLD = 10_000
-_ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+_SUPPORTED = "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models"
+# vLLM's other endpoints, and why the gateway does not route them (501, so a client can tell "not
+# here" from a typo'd path).
+_NOT_ROUTED: dict[str, str] = {
+    "/v1/responses": "it keeps conversation state on the node that answered (previous_response_id)",
+    "/tokenize": "token ids depend on the node's tokenizer; it serves no generation",
+    "/detokenize": "token ids depend on the node's tokenizer; it serves no generation",
+    "/v1/audio/": "no node of the fleet serves audio models",
+    "/v1/score": "the fleet serves generative models, not scoring ones",
+    "/v1/rerank": "the fleet serves generative models, not reranking ones",
+    "/rerank": "the fleet serves generative models, not reranking ones",
+    "/score": "the fleet serves generative models, not scoring ones",
+    "/pooling": "the fleet serves generative models, not pooling ones",
+    "/classify": "the fleet serves generative models, not classification ones",
+    "/v1/images/": "no node of the fleet serves image generation",
+    "/v1/files": "the gateway keeps no files",
+    "/v1/batches": "the gateway runs no batch jobs",
+    "/v1/load_lora_adapter": "nodes are managed by the control plane",
+    "/v1/unload_lora_adapter": "nodes are managed by the control plane",
+}
+
+
+def _not_routed(path: str) -> GatewayError | None:
+    """501 naming the endpoint, why it is not routed and what is (``None`` for unknown paths)."""
+    reason = _NOT_ROUTED.get(path)
+    if reason is None:
+        reason = next(
+            (why for prefix, why in _NOT_ROUTED.items() if prefix.endswith("/") and path.startswith(prefix)),
+            None,
+        )
+    if reason is None:
+        return None
+    return GatewayError(
+        501,
+        f"{path} is not supported by this gateway: {reason}. It routes {_SUPPORTED}.",
+        code="unsupported_endpoint",
+    )
 
 
 @dataclass(slots=True)
@@ -348,13 +389,26 @@ class Gateway:
                 return
             await runtime.proxy.handle(scope, receive, send, endpoint)
             return
+        not_routed = _not_routed(path)
+        if not_routed is not None:
+            await _send_error(send, not_routed)
+            return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/health", "/metrics") or path.startswith("/v1/models/"):
                 await _send_error(send, GatewayError(405, f"{path} accepts GET only."))
             else:
-                await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
+                await _send_error(send, _no_route(method, path))
             return
         table = runtime.store.table
+        if (path == "/v1/models" or path.startswith("/v1/models/")) and runtime.front_door is not None:
+            # Like vLLM with --api-key: the model list is for key holders only.
+            try:
+                runtime.front_door.authenticate(
+                    scan_request_headers(scope["headers"], None, keep_credentials=False)
+                )
+            except GatewayError as exc:
+                await _send_error(send, exc)
+                return
         if path == "/v1/models":
             if table is None:
                 await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
@@ -388,7 +442,11 @@ class Gateway:
                 send, 200, runtime.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())]
             )
         else:
-            await _send_error(send, GatewayError(404, f"No route for {method} {path}."))
+            await _send_error(send, _no_route(method, path))
+
+
+def _no_route(method: str, path: str) -> GatewayError:
+    return GatewayError(404, f"No route for {method} {path}. This gateway routes {_SUPPORTED}.")
 
 
 async def _send_error(send: Send, error: GatewayError) -> None:
@@ -402,7 +460,7 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
     index.sync_nodes(table.snapshot.nodes)
 
 
-def _client_stats() -> tuple[int, int, int, int]:
+def _client_stats() -> tuple[int, int, int, int, int, int]:
     """This process's client-side counters (``routing.http.client_side``; zero when uvicorn's own protocol runs)."""
     stats = GuardedHttpToolsProtocol.stats
     return (
@@ -410,6 +468,8 @@ def _client_stats() -> tuple[int, int, int, int]:
         stats.rejected_connections,
         stats.header_timeouts,
         stats.body_timeouts,
+        stats.send_timeouts,
+        stats.evicted_idle,
     )
 
 

@@ -94,7 +94,13 @@ class GatewayConfig:
         default=30.0, metadata=_env("GORGO_CLIENT_BODY_TIMEOUT_S", minimum=0.1)
     )
     client_keepalive_s: float = field(default=75.0, metadata=_env("GORGO_CLIENT_KEEPALIVE_S", minimum=0.1))
+    client_send_timeout_s: float = field(
+        default=30.0, metadata=_env("GORGO_CLIENT_SEND_TIMEOUT_S", minimum=0.1)
+    )
     max_connections: int = field(default=2048, metadata=_env("GORGO_MAX_CONNECTIONS", minimum=1))
+    max_connections_per_address: int = field(
+        default=256, metadata=_env("GORGO_MAX_CONNECTIONS_PER_ADDRESS", minimum=1)
+    )
     admission_factor: float = field(default=2.0, metadata=_env("GORGO_ADMISSION_FACTOR", minimum=0.0))
     queue_max_length: int = field(default=512, metadata=_env("GORGO_QUEUE_MAX_LENGTH", minimum=0))
     queue_max_wait_s: float = field(default=5.0, metadata=_env("GORGO_QUEUE_MAX_WAIT_S", minimum=0.0))

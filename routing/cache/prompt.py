@@ -19,7 +19,7 @@ import msgspec
 
 from routing.contract import NodeSpec
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 
@@ -80,7 +80,16 @@ class CompletionBody(_Sampling):
     prompt: str | list[str | int | list[int]] | None = None
 
 
+class EmbeddingBody(msgspec.Struct):
+    """The fields of a ``/v1/embeddings`` body the gateway routes by (routed by load, never by prefix)."""
+
+    model: str
+    input: str | list[str | int | list[int]]
+    user: str | None = None
+
+
 _chat_decoder = msgspec.json.Decoder(ChatBody)
+_embedding_decoder = msgspec.json.Decoder(EmbeddingBody)
 _completion_decoder = msgspec.json.Decoder(CompletionBody)
 
 
@@ -120,7 +129,7 @@ def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
             chat = _chat_decoder.decode(body)
             if not chat.messages:
                 raise BodyError("'messages' must contain at least one message", "messages")
-            fields: _Sampling = chat
+            stream_options = chat.stream_options
             parsed = ParsedRequest(
                 chat.model,
                 bool(chat.stream),
@@ -129,8 +138,14 @@ def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
                 chat.user,
                 chat.max_completion_tokens or chat.max_tokens,
             )
+        elif endpoint == "embeddings":
+            embedding = _embedding_decoder.decode(body)
+            text, exact = render_prompt(embedding.input)
+            stream_options = None
+            parsed = ParsedRequest(embedding.model, False, text, exact, embedding.user)
         else:
-            completion = fields = _completion_decoder.decode(body)
+            completion = _completion_decoder.decode(body)
+            stream_options = completion.stream_options
             if completion.prompt is None:
                 raise BodyError("Invalid request body: Object missing required field `prompt`", "prompt")
             text, exact = render_prompt(completion.prompt)
@@ -148,7 +163,7 @@ def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
         raise BodyError("The request body nests JSON too deeply.") from None
     if not parsed.model:
         raise BodyError("'model' must be a non-empty string", "model")
-    if fields.stream_options is not None and not parsed.stream:
+    if stream_options is not None and not parsed.stream:
         raise BodyError("Stream options can only be defined when `stream=True`.", "stream_options")
     return parsed
 

@@ -24,10 +24,21 @@ class AuthError(GatewayError):
     """A refused key, with the metric reason."""
 
     def __init__(
-        self, status: int, message: str, reason: str, *, code: str, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        reason: str,
+        *,
+        code: str,
+        param: str | None = None,
+        key: ClientKeySpec | None = None,
     ) -> None:
         GatewayError.__init__(self, status, message, code=code, param=param)
         self.reason = reason
+        # The key the secret belongs to, when it is one the key set knows (revoked, expired, or
+        # not allowed): the refusal is then counted and recorded for that key. Never set for a
+        # secret that matched no key, so made-up ids cannot add anything (issue 22, item 10).
+        self.key = key
 
 
 def presented_secret(authorization: bytes | None, api_key: bytes | None) -> str | None:
@@ -55,9 +66,11 @@ def authenticate(store: KeyStore, secret: str | None, now_s: float) -> ClientKey
         shown = secret[:12] + "..." if len(secret) > 12 else "***"
         raise AuthError(401, f"Incorrect API key provided: {shown}.", INVALID, code="invalid_api_key")
     if key.revoked:
-        raise AuthError(401, f"The API key {key.id} has been revoked.", REVOKED, code="invalid_api_key")
+        raise AuthError(
+            401, f"The API key {key.id} has been revoked.", REVOKED, code="invalid_api_key", key=key
+        )
     if key.expires_at is not None and key.expires_at <= now_s:
-        raise AuthError(401, f"The API key {key.id} has expired.", EXPIRED, code="invalid_api_key")
+        raise AuthError(401, f"The API key {key.id} has expired.", EXPIRED, code="invalid_api_key", key=key)
     return key
 
 

@@ -124,6 +124,7 @@ class ConcurrencyLimiter:
             except (RedisError, OSError, TimeoutError) as exc:
                 self.backoff.failed(now, exc)
             else:
+                self.backoff.succeeded()
                 if not admitted:
                     self.release(key)
                     return False

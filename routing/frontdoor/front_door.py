@@ -78,6 +78,8 @@ class FrontDoor:
             )
         except AuthError as exc:
             self._metrics.auth_failure(exc.reason)
+            if exc.key is not None:  # a known key, refused: counted for it (bounded by the key set)
+                self._metrics.key_request(exc.key.id, exc.key.priority, exc.status)
             raise
         if len(self._known) >= _KNOWN_CREDENTIALS_MAX:
             self._known = {}

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -194,22 +195,34 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
 
 class RedisBackoff:
     """After a failed Redis call, answer locally for ``retry_after_s`` so requests do not each pay
-    a timeout; warn once per outage. Used by the rate and the concurrency limiters."""
+    a timeout; warn once per outage. Used by the rate and the concurrency limiters.
 
-    __slots__ = ("_retry_after_s", "_what", "until")
+    An outage lasts from the first failed call to the next call that succeeds. (Before issue 22
+    every retry after ``retry_after_s`` that failed again warned again: a hung Redis, whose calls
+    each time out, logged the warning every 1.25 s.)
+    """
+
+    __slots__ = ("_retry_after_s", "_what", "down", "until")
 
     def __init__(self, retry_after_s: float, what: str) -> None:
         self._retry_after_s = retry_after_s
         self._what = what
         self.until = 0.0  # monotonic: local answers only until then
+        self.down = False  # a call failed and none has succeeded since
 
     def up(self, now: float) -> bool:
         return now >= self.until
 
     def failed(self, now: float, exc: BaseException) -> None:
-        if self.until <= now:
+        if not self.down:
+            self.down = True
             logger.warning("%s: Redis unreachable (%s); per-gateway limits meanwhile", self._what, exc)
         self.until = now + self._retry_after_s
+
+    def succeeded(self) -> None:
+        if self.down:
+            self.down = False
+            logger.info("%s: Redis answers again; shared limits again", self._what)
 
 
 class _Lease:
@@ -264,13 +277,19 @@ class RateLimiter:
         retry_after_s: float = 1.0,
         settle_interval_s: float = 0.5,
         lease_fraction: float = 0.01,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = redis
+        self._clock = clock  # seconds, only for the Redis backoff and the local buckets
         self._keys = keys
         self.backoff = RedisBackoff(retry_after_s, "rate limits")
         self._settle_interval_s = settle_interval_s
         self._lease_fraction = lease_fraction
         self._leases: dict[str, _Lease] = {}
+        # key id -> the script call in flight for it (its result: a refusal and its token cost, or
+        # None), and what the requests waiting for that call need: [requests, tokens].
+        self._calls: dict[str, asyncio.Future[tuple[Verdict, int] | None]] = {}
+        self._waiting: dict[str, list[int]] = {}
         self._check = redis.register_script(_CHECK)
         self._settle = redis.register_script(_SETTLE)
         self.local = LocalBuckets()
@@ -307,22 +326,59 @@ class RateLimiter:
         per minute, or whatever is left. Leased allowance was taken from the shared buckets, so
         leasing never lets the fleet admit more than the limits; it only lets one gateway hold
         (at most ``lease_fraction`` of a minute's) allowance the others then cannot use.
+
+        One script call per key is in flight at a time (issue 22, item 4): requests that miss the
+        lease while a call is out wait for it, and the next call leases enough for all of them.
+        Before, every concurrent miss made its own call, each took a lease and only the last one
+        was kept: 200 concurrent requests to a fresh 120/min key admitted 61.
         """
-        headers = self.from_lease(key, cost_tokens)
-        if headers is not None:
-            return Verdict(True, None, 0.0, headers)
+        while True:
+            headers = self.from_lease(key, cost_tokens)
+            if headers is not None:
+                return Verdict(True, None, 0.0, headers)
+            now = self._clock()
+            if not self.backoff.up(now):
+                self.fallbacks += 1
+                return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+            call = self._calls.get(key.id)
+            if call is None:
+                return await self._call(key, cost_tokens, now)
+            waiting = self._waiting.setdefault(key.id, [0, 0])
+            waiting[0] += 1
+            waiting[1] += cost_tokens
+            try:
+                # shield: a waiter whose client left must not cancel the call the others wait for.
+                refusal = await asyncio.shield(call)
+            finally:
+                waiting[0] -= 1
+                waiting[1] -= cost_tokens
+                if waiting[0] <= 0:
+                    self._waiting.pop(key.id, None)
+            # The shared buckets just refused a request: refuse this one too without asking again
+            # when it needs at least what was missing (a request, or as many tokens).
+            if refusal is not None and (refusal[0].reason == REQUESTS or cost_tokens >= refusal[1]):
+                return refusal[0]
+
+    async def _call(self, key: ClientKeySpec, cost_tokens: int, now: float) -> Verdict:
+        """The one script call for ``key``: charges this request and leases for the waiters too."""
         rpm = key.requests_per_min or 0
         tpm = key.tokens_per_min or 0
-        lease = self._leases.get(key.id)
-        now = time.monotonic()
-        if self.backoff.up(now):
+        call: asyncio.Future[tuple[Verdict, int] | None] = asyncio.get_running_loop().create_future()
+        self._calls[key.id] = call
+        refusal: tuple[Verdict, int] | None = None
+        try:
+            lease = self._leases.get(key.id)
             leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+            waiting_requests, waiting_tokens = self._waiting.get(key.id, (0, 0))
             # Top the lease up to its size, never past it: a lease whose tokens ran out while it
-            # still held requests would otherwise hoard more requests on every refill.
-            extra_requests = max(
+            # still held requests would otherwise hoard more requests on every refill. Requests
+            # already waiting for this call come on top; they take it out again at once.
+            extra_requests = waiting_requests + max(
                 0, int(rpm * self._lease_fraction) - int(leftover.requests if leftover else 0)
             )
-            extra_tokens = max(0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0))
+            extra_tokens = waiting_tokens + max(
+                0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0)
+            )
             try:
                 # The client's own socket timeouts bound this (see make_limiter_redis).
                 raw = await self._check(
@@ -331,19 +387,28 @@ class RateLimiter:
                 )
             except (RedisError, OSError, TimeoutError) as exc:
                 self.backoff.failed(now, exc)
-            else:
-                if not raw[0]:
-                    return make_verdict(key, raw)
-                lease = self._leases[key.id] = _Lease(
-                    key,
-                    raw[7] + (leftover.requests if leftover else 0),
-                    raw[8] + (leftover.tokens if leftover else 0),
-                    list(raw),
-                )
-                # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
-                return Verdict(True, None, 0.0, lease.headers(cost_tokens))
-        self.fallbacks += 1
-        return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+                self.fallbacks += 1
+                return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+            self.backoff.succeeded()
+            if not raw[0]:
+                verdict = make_verdict(key, raw)
+                refusal = (verdict, cost_tokens)
+                return verdict
+            # Add to what the lease holds now, not to what it held before the call: nothing else
+            # changed it meanwhile (this was the only call), and nothing leased is ever dropped.
+            lease = self._leases.get(key.id)
+            leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+            lease = self._leases[key.id] = _Lease(
+                key,
+                raw[7] + (leftover.requests if leftover else 0),
+                raw[8] + (leftover.tokens if leftover else 0),
+                list(raw),
+            )
+            # Remaining: the shared buckets plus this gateway's lease (the key may still use it).
+            return Verdict(True, None, 0.0, lease.headers(cost_tokens))
+        finally:
+            del self._calls[key.id]
+            call.set_result(refusal)
 
     def settle(self, key: ClientKeySpec, charged_tokens: int, used_tokens: int) -> None:
         """The node reported ``used_tokens``; correct the up-front charge (batched, never awaited)."""

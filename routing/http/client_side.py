@@ -12,8 +12,26 @@ adds each, answering like an HTTP server should and closing the connection:
 | header count | ``GORGO_CLIENT_MAX_HEADERS`` | 431 |
 | head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
 | body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
-| open connections per process | ``GORGO_MAX_CONNECTIONS`` | 503 + ``Retry-After`` |
+| open connections per process | ``GORGO_MAX_CONNECTIONS`` | the oldest idle connection is closed; none idle: 503 + ``Retry-After`` |
+| open connections per client address | ``GORGO_MAX_CONNECTIONS_PER_ADDRESS`` | that address's oldest idle connection is closed; none idle: 503 |
 | a transfer coding other than ``chunked`` (e.g. ``gzip, chunked``) | | 501 |
+| any other framing error (CL + TE, a bad chunk size, NUL in a header, an HTTP/2 preface) | | 400 |
+| a client that reads none of its answer (its socket buffers full) | ``GORGO_CLIENT_SEND_TIMEOUT_S`` | connection cut; the request is cancelled (499) |
+
+Every refusal is OpenAI-shaped JSON (``routing.errors``), like the app's own errors (uvicorn answered
+framing errors ``400 text/plain "Invalid HTTP request received."``). A response sent before its
+request's body was read whole (a 413, a 401 to a stranger) ends the connection: the rest of the
+body is read and dropped for at most ``_LINGER_S`` (closing with it unread would reset the
+connection and could destroy the answer in flight), then the connection closes. Before, it stayed
+open until the body timeout.
+
+Connection pressure (issue 22, item 3): 2,048 idle keep-alive connections from one unauthenticated
+client used to fill ``GORGO_MAX_CONNECTIONS``, and every new client got 503. A connection is idle
+while it is kept alive after an answer and has received no byte of a next request (a new connection
+that never sent a request is not: the header timeout ends it, and the address cap bounds it); idle
+connections are kept in one insertion-ordered dict, oldest first, so at the cap the oldest is
+closed for the newcomer in O(1), and a connection with a request under way is never closed for
+another. The per-address cap bounds what one client holds at all.
 
 Request smuggling: httptools (llhttp) itself refuses a request with both ``Content-Length`` and
 ``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
@@ -39,13 +57,34 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from routing.config import GatewayConfig
 from routing.errors import GatewayError
 
+# After an answer to a request whose body was not read whole: how long the rest may still arrive
+# (read and dropped) before the connection closes, and how much of it is read.
+_LINGER_S = 2.0
+_LINGER_MAX_BYTES = 1 << 20
+
 
 class ClientStats:
     """Counters of refused and timed-out clients, for /metrics."""
 
-    __slots__ = ("body_timeouts", "connections", "header_timeouts", "rejected_connections")
+    __slots__ = (
+        "body_timeouts",
+        "by_address",
+        "closing",
+        "connections",
+        "evicted_idle",
+        "header_timeouts",
+        "idle",
+        "rejected_connections",
+        "send_timeouts",
+    )
 
     def __init__(self) -> None:
+        self.send_timeouts = 0
+        self.evicted_idle = 0  # idle connections closed to make room for a new one
+        # Idle connections, oldest first (a dict keeps insertion order; re-insertion moves to the end).
+        self.idle: dict[GuardedHttpToolsProtocol, None] = {}
+        self.by_address: dict[str, int] = {}  # client address -> connections open from it
+        self.closing = 0  # closed to make room, not yet gone from ``connections``
         self.rejected_connections = 0
         self.header_timeouts = 0
         self.body_timeouts = 0
@@ -59,6 +98,7 @@ class _HeadTooLarge(Exception):
 def _raw_response(error: GatewayError) -> bytes:
     body = error.body()
     reason = {
+        400: b"Bad Request",
         408: b"Request Timeout",
         431: b"Request Header Fields Too Large",
         501: b"Not Implemented",
@@ -80,12 +120,18 @@ class CorkedTransport:
     control and everything else go to the real transport.
     """
 
-    __slots__ = ("_buffer", "_loop", "transport")
+    __slots__ = ("_buffer", "_loop", "_on_linger", "linger", "transport")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_linger: Any = None
+    ) -> None:
         self.transport = transport
         self._loop = loop
         self._buffer: list[bytes] = []
+        # Set when an answer went out before its request's body was read whole: ``close`` then
+        # half-closes and lets ``on_linger`` drain the rest before the real close.
+        self.linger = False
+        self._on_linger = on_linger
 
     def write(self, data: bytes) -> None:
         if not data:
@@ -110,6 +156,12 @@ class CorkedTransport:
 
     def close(self) -> None:
         self.flush()
+        if self.linger and self._on_linger is not None and not self.transport.is_closing():
+            self.linger = False
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the client reads the answer, then end of file
+            self._on_linger()
+            return
         self.transport.close()
 
     def abort(self) -> None:
@@ -126,10 +178,31 @@ class _Cycle(RequestResponseCycle):
     uvicorn checks every response header name and value against two regular expressions (4 µs for
     the dozen headers of a gateway answer with rate-limit headers). A gateway answer's headers are
     the node's, already parsed by httptools (which refuses control characters), and the gateway's
-    own. The rest (framing, keep-alive, flow control, bodies) is uvicorn's, unchanged.
+    own. The rest (framing, keep-alive, flow control, bodies) is uvicorn's, unchanged, except:
+
+    - a send that waits on a client not reading (flow control paused writing) longer than
+      ``send_timeout_s`` cuts the connection: the app then hears a disconnect, and the proxy
+      cancels the node's request. uvicorn waited forever (issue 22, item 7);
+    - an answer that starts before the request body was read whole says ``connection: close``
+      (the protocol closes the connection after it; see ``GuardedHttpToolsProtocol``).
     """
 
+    send_timeout_s = 30.0  # set per cycle from the protocol's config
+
     async def send(self, message: Any) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await self.flow.drain()
+            except TimeoutError:
+                GuardedHttpToolsProtocol.stats.send_timeouts += 1
+                self.disconnected = True
+                self.message_event.set()  # receive() answers http.disconnect: the request ends
+                self.transport.abort()
+                return
+        if self.more_body and not self.response_started and message["type"] == "http.response.start":
+            self.keep_alive = False  # the rest of the body is not worth reading
+            self.transport.linger = True  # type: ignore[attr-defined]
         if (
             self.response_started
             or message["type"] != "http.response.start"
@@ -180,6 +253,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timeout_s = config.client_header_timeout_s
         self._body_timeout_s = config.client_body_timeout_s
         self._max_connections = config.max_connections
+        self._send_timeout_s = config.client_send_timeout_s
+        self._max_connections_per_address = config.max_connections_per_address
+        self._address = ""
+        self._evicted = False
+        self._lingering = -1  # bytes dropped since the answer, while lingering; -1: not lingering
         self._head_bytes = 0
         self._header_count = 0
         self._in_head = True
@@ -196,29 +274,75 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ---- connections ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        GuardedHttpToolsProtocol.stats.connections = self.connections
-        if len(self.connections) >= self._max_connections:
-            self._refused = True
-            GuardedHttpToolsProtocol.stats.rejected_connections += 1
-            self.transport = transport
-            error = GatewayError(503, "The gateway has too many open connections.", retry_after_s=1)
-            transport.write(_raw_response(error))
-            transport.close()
+        stats = GuardedHttpToolsProtocol.stats
+        stats.connections = self.connections
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        from_address = stats.by_address.get(address, 0)
+        if from_address >= self._max_connections_per_address and not self._evict_idle(address):
+            self._refuse_connection(transport, "Too many open connections from your address.")
             return
+        if len(self.connections) - stats.closing >= self._max_connections and not self._evict_idle(None):
+            self._refuse_connection(transport, "The gateway has too many open connections.")
+            return
+        self._address = address
+        stats.by_address[address] = stats.by_address.get(address, 0) + 1
         super().connection_made(transport)
-        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+        self.transport = CorkedTransport(transport, self.loop, self._linger)  # type: ignore[assignment]
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         if self._refused:
             return
+        stats = GuardedHttpToolsProtocol.stats
+        stats.idle.pop(self, None)
+        if self._evicted:
+            stats.closing -= 1
+        left = stats.by_address.get(self._address, 1) - 1
+        if left > 0:
+            stats.by_address[self._address] = left
+        else:
+            stats.by_address.pop(self._address, None)
         super().connection_lost(exc)
+
+    def _refuse_connection(self, transport: asyncio.Transport, message: str) -> None:
+        self._refused = True
+        GuardedHttpToolsProtocol.stats.rejected_connections += 1
+        self.transport = transport
+        transport.write(_raw_response(GatewayError(503, message, retry_after_s=1)))
+        transport.close()
+
+    def _evict_idle(self, address: str | None) -> bool:
+        """Close the oldest idle connection (of ``address``, or of anyone) to make room for a new
+        one; ``False`` when there is none."""
+        stats = GuardedHttpToolsProtocol.stats
+        victim = None
+        for candidate in stats.idle:
+            if address is None or candidate._address == address:
+                victim = candidate
+                break
+        if victim is None:
+            return False
+        del stats.idle[victim]
+        victim._evicted = True
+        stats.closing += 1
+        stats.evicted_idle += 1
+        victim._stop_timer()
+        victim.transport.close()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        if self._lingering >= 0:
+            self._lingering += len(data)
+            if self._lingering > _LINGER_MAX_BYTES:
+                self._close_now()
+            return
         if self._in_head:
+            if self._head_bytes == 0:
+                GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
             self._head_bytes += len(data)
         # uvicorn's data_received, except that a head over the limits gets 431, not 400.
         self._unset_keepalive_if_required()
@@ -230,7 +354,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             elif self._bad_coding:
                 self._refuse(501, "The only transfer coding this gateway accepts is chunked.")
             else:
-                self.send_400_response("Invalid HTTP request received.")
+                self._refuse(400, "Invalid HTTP request received.")
             return
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
@@ -245,6 +369,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
         if not self._in_head:  # the next request on a kept-alive connection
             self._in_head = True
             self._head_bytes = 0
@@ -273,6 +398,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if type(self.cycle) is RequestResponseCycle:  # before its task runs: see _Cycle
             self.cycle.__class__ = _Cycle
+            self.cycle.send_timeout_s = self._send_timeout_s  # type: ignore[attr-defined]
         if self.parser is not None and not self.transport.is_closing():
             self._arm(self._body_timeout_s, self._body_timed_out)
 
@@ -284,7 +410,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # uvicorn's, with the keep-alive wait on the connection's one deadline instead of a new
         # call_later per response (uvicorn cancels that in data_received, which finds none now).
         self.server_state.total_requests += 1
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._lingering >= 0:
             return
         self.flow.resume_reading()
         if self.pipeline:
@@ -292,6 +418,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._start_asgi_task(cycle, app)
         elif not self._in_head:  # (a next head already begun keeps its own, shorter timeout)
             self._arm(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            GuardedHttpToolsProtocol.stats.idle[self] = None  # idle from now: newest last
 
     # ---- limits ------------------------------------------------------------------------------
 
@@ -346,10 +473,34 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle.disconnected = True  # the app sees a disconnect; its later sends are dropped
         self.transport.close()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's framing-error answer, in OpenAI's shape (it sent ``text/plain``)."""
+        self._refuse(400, msg)
+
     def _refuse(self, status: int, message: str) -> None:
         self._disarm()
-        if self.cycle is not None and self.cycle.response_started:
+        cycle = self.cycle
+        # Only an answer already under way is cut short without a word; a kept-alive
+        # connection's earlier, finished answer does not stop this one (a bad second request).
+        if cycle is not None and cycle.response_started and not cycle.response_complete:
             self.transport.close()
             return
         self.transport.write(_raw_response(GatewayError(status, message)))
         self.transport.close()
+
+    def _linger(self) -> None:
+        """An answer went out before its request body was read whole (a 413, a 401): drop what
+        still arrives for at most ``_LINGER_S``, then close. Not reading it would reset the
+        connection, which can destroy the answer before the client read it."""
+        self._lingering = 0
+        self.flow.resume_reading()
+        self._arm(_LINGER_S, self._close_now)
+
+    def _close_now(self) -> None:
+        self._lingering = -1
+        self._stop_timer()
+        transport = self.transport
+        if isinstance(transport, CorkedTransport):
+            transport.transport.close()
+        else:
+            transport.close()

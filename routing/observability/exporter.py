@@ -180,7 +180,7 @@ class StateCollector(Collector):
         chars_per_token: Callable[[], float] | None = None,
         keyset_version: Callable[[], int | None] | None = None,
         breaker_states: Callable[[], dict[int, int]] | None = None,
-        client_stats: Callable[[], tuple[int, int, int, int]] | None = None,
+        client_stats: Callable[[], tuple[int, int, int, int, int, int]] | None = None,
         timeouts: Callable[[], dict[str, int]] | None = None,
         queue_lengths: Callable[[], dict[str, int]] | None = None,
     ) -> None:
@@ -255,16 +255,23 @@ class StateCollector(Collector):
             yield lengths
         timeouts = dict(self._timeouts()) if self._timeouts is not None else {}
         if self._client_stats is not None:
-            open_now, rejected, header_timeouts, body_timeouts = self._client_stats()
+            open_now, rejected, header_timeouts, body_timeouts, send_timeouts, evicted = self._client_stats()
             timeouts["header_read"] = header_timeouts
             timeouts["body_read"] = body_timeouts
+            timeouts["client_send"] = send_timeouts
             yield GaugeMetricFamily(
                 "gorgo_gateway_connections_open", "Client connections open now.", value=open_now
             )
             yield CounterMetricFamily(
                 "gorgo_gateway_connections_rejected",
-                "Client connections refused at GORGO_MAX_CONNECTIONS (503).",
+                "Client connections refused (503): at GORGO_MAX_CONNECTIONS or "
+                "GORGO_MAX_CONNECTIONS_PER_ADDRESS with no idle connection to close.",
                 value=rejected,
+            )
+            yield CounterMetricFamily(
+                "gorgo_gateway_connections_closed_idle",
+                "Idle client connections closed to make room for a new one.",
+                value=evicted,
             )
         if timeouts:
             family = CounterMetricFamily(

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("routing.tracing")
 
-OPERATION_NAMES = {"chat": "chat", "completions": "text_completion"}
+OPERATION_NAMES = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
 PROVIDER = "vllm"
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 

@@ -38,6 +38,7 @@ class Exchange:
         "parsed",
         "prediction",
         "prompt_tokens_est",
+        "refused_key",
         "request_id",
         "response_started",
         "routing_s",
@@ -74,6 +75,7 @@ class Exchange:
         self.client_gone = False
         self.response_started = False
         self.key: ClientKeySpec | None = None
+        self.refused_key: ClientKeySpec | None = None  # a known key the front door refused (401)
         self.grant: Grant | None = None  # what the front door granted the key
         self.span: Any = None  # the OpenTelemetry span, only while tracing is on
         self.canary_id: int | None = None  # a canary runs (issue 23): its experiment

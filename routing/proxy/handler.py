@@ -23,7 +23,8 @@ import logging
 import os
 import time
 
-from routing.algorithms.base import Decision, RoutingRequest, RoutingView
+from routing.algorithms import least_load
+from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.cache.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
     BodyError,
@@ -38,6 +39,7 @@ from routing.config import GatewayConfig
 from routing.contract import NodeSpec
 from routing.errors import GatewayError
 from routing.frontdoor.admission import Admission
+from routing.frontdoor.auth import AuthError
 from routing.frontdoor.front_door import FrontDoor
 from routing.http.asgi import (
     ClientGone,
@@ -65,6 +67,39 @@ from routing.state.table import RoutingTable
 from routing.state.trials import TrialRoute, in_canary
 
 logger = logging.getLogger("routing.proxy")
+
+# The most characters one token can stand for in practice: a prompt with more than
+# ``max_context_tokens`` times this many characters is past the model's context whatever its
+# tokenizer (ordinary text runs 3-5 characters a token), and is refused without a node round trip.
+MAX_CHARS_PER_TOKEN = 16
+_PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+
+
+def _check_context(table: RoutingTable, parsed: ParsedRequest, endpoint: Endpoint) -> None:
+    """vLLM's 400 for a prompt past the model's context (issue 22, item 5), when even the most
+    generous count of tokens says so. Before, a 3.9 MB prompt went to the node (which refused it)
+    after the gateway had rendered, indexed and perhaps tokenized all of it."""
+    limit = table.max_context_tokens.get(parsed.model)
+    if not limit:
+        return
+    exact = parsed.prompt_tokens_exact
+    at_least = exact if exact is not None else parsed.prompt_chars // MAX_CHARS_PER_TOKEN
+    if at_least <= limit:
+        return
+    counted = "" if exact is not None else f" (counted from its {parsed.prompt_chars} characters)"
+    raise GatewayError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your request has at "
+        f"least {at_least} input tokens{counted}. Please reduce the length of the input.",
+        param=_PROMPT_PARAMS.get(endpoint),
+    )
+
+
+_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 
 
 class Proxy:
@@ -147,6 +182,7 @@ class Proxy:
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
                 exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
+                _check_context(table, parsed, endpoint)
                 if exchange.key is not None:
                     assert front_door is not None
                     exchange.grant = await front_door.admit(
@@ -158,6 +194,8 @@ class Proxy:
                 watch = DisconnectWatch(receive, exchange, task)
                 await self._forward(send, exchange, table, parsed, endpoint, headers, body, session_key)
             except GatewayError as exc:
+                if isinstance(exc, AuthError) and exc.key is not None and exchange.key is None:
+                    exchange.refused_key = exc.key  # the record names the revoked/expired key
                 await self._relay.error(send, exchange, exc)
         except asyncio.CancelledError:
             if not exchange.client_gone:
@@ -200,14 +238,22 @@ class Proxy:
         prompt_ids: PromptIds | None = None,
         route: TrialRoute | None = None,
         exchange: Exchange | None = None,
+        endpoint: Endpoint = "chat",
     ) -> Decision:
         """Choose with the live policy (or ``route``, the canary); with ``exchange`` (the first
         choice, not a retry's) also let a running shadow decide on the same view."""
-        algorithm = table.algorithm if route is None else route.algorithm
-        # The index is only fed and asked while a policy in the snapshot uses it: a least_load
-        # gateway pays nothing for it (after a switch to a cache-aware policy it warms up from
-        # live traffic and from the other gateways' shared insertions).
-        uses_index = table.uses_prefix_index
+        if endpoint == "embeddings":
+            # Embeddings go by load whatever the policy says: a pooling request keeps no KV cache
+            # worth returning to, so prefix credit would only pile them on one node. Neither a
+            # canary nor a shadow has anything to say about them.
+            algorithm: AlgorithmInfo = least_load.INFO
+            route, exchange, uses_index = None, None, False
+        else:
+            algorithm = table.algorithm if route is None else route.algorithm
+            # The index is only fed and asked while a policy in the snapshot uses it: a least_load
+            # gateway pays nothing for it (after a switch to a cache-aware policy it warms up from
+            # live traffic and from the other gateways' shared insertions).
+            uses_index = table.uses_prefix_index
         node_ids = tuple(node.id for node in candidates)
         if not uses_index:
             matched: dict[int, int] = {}
@@ -306,8 +352,13 @@ class Proxy:
         session_key: str | None,
     ) -> None:
         # A canary serves the sessions its hash picks: they are routed by its policy throughout
-        # (its candidates, its algorithm, its retries).
-        route = self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
+        # (its candidates, its algorithm, its retries). Embeddings go by load on either side, so
+        # they stay out of the canary's comparison.
+        route = (
+            self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
+            if endpoint != "embeddings"
+            else None
+        )
         candidates = self._candidates(table, parsed.model, route)
         admission = self._admission
         if admission is not None:
@@ -323,7 +374,10 @@ class Proxy:
         # (precise matching on KV events); their count is exact, unlike the estimate.
         prompt_ids = (
             self._tokenizers.prompt_ids(parsed.model, endpoint, body)
-            if self._tokenizers is not None and table.uses_prefix_index and self._wants_prompt_ids(candidates)
+            if self._tokenizers is not None
+            and endpoint != "embeddings"
+            and table.uses_prefix_index
+            and self._wants_prompt_ids(candidates)
             else None
         )
         if prompt_ids is not None and prompt_ids.complete:
@@ -333,10 +387,12 @@ class Proxy:
             parsed.model, parsed.prompt_chars, prompt_tokens_est, session_key or parsed.user
         )
         self._retrier.budget.deposit()
-        decision = self._route(table, candidates, request, parsed.prompt_text, prompt_ids, route, exchange)
+        decision = self._route(
+            table, candidates, request, parsed.prompt_text, prompt_ids, route, exchange, endpoint
+        )
         exchange.routing_s = time.perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
-        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        path = _PATHS[endpoint]
 
         response = await self._retrier.open(
             exchange,
@@ -348,7 +404,9 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            lambda remaining: self._route(table, remaining, request, parsed.prompt_text, prompt_ids, route),
+            lambda remaining: self._route(
+                table, remaining, request, parsed.prompt_text, prompt_ids, route, None, endpoint
+            ),
             asyncio.current_task(self._loop),
         )
         try:

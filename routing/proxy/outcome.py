@@ -84,6 +84,7 @@ class RequestOutcome:
             ):
                 # The index counts its chunks in tokens: it follows the estimate's ratio.
                 self._cache_index.set_chars_per_token(self._chars_per_token.value)
+            key = exchange.key if exchange.key is not None else exchange.refused_key
             record = RequestRecord(
                 schema_version=SCHEMA_VERSION,
                 request_id=exchange.request_id,
@@ -116,8 +117,8 @@ class RequestOutcome:
                     else None
                 ),
                 runner_up=decision.runner_up if decision is not None else None,
-                key_id=exchange.key.id if exchange.key is not None else None,
-                priority=exchange.key.priority if exchange.key is not None else None,
+                key_id=key.id if key is not None else None,
+                priority=key.priority if key is not None else None,
                 prefix_index_mode=prediction[1] if prediction is not None else None,
                 predicted_cached_tokens=prediction[2] if prediction is not None else None,
                 # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the

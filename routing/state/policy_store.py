@@ -88,7 +88,12 @@ class PolicyStore:
         self._clock = clock  # unix seconds, to compare with the entries' updated_at
         self._on_snapshot = on_snapshot  # called after each swap to a new snapshot (not live changes)
         self.table: RoutingTable | None = None
-        self.redis_connected = False
+        # Redis counts as connected while the listener is subscribed AND the last periodic live
+        # refresh answered. The refresh is the ping: a SIGSTOPped Redis keeps the pubsub socket open
+        # and silent, which looks like "no announcements", so the listener alone never noticed
+        # (issue 22, item 6: /healthz said redis_connected: true for a hung Redis).
+        self._subscribed = False
+        self._answering = True
         self.events: dict[str, int] = {}  # "swapped", "refused_<reason>": counts, for metrics
         self._snapshot: PolicySnapshot | None = None
         self._live: dict[int, NodeLiveState] = {}  # the fresh entries: what routing sees
@@ -108,7 +113,7 @@ class PolicyStore:
                 await self.reload_policy()
             # Redis just answered: say so now, not only once the listener has subscribed (a health
             # check right after start would otherwise report a reachable Redis as down).
-            self.redis_connected = True
+            self._subscribed = True
         except (TimeoutError, RedisError, OSError) as exc:
             logger.error("policy: Redis unreachable at start (%s); will keep trying", exc)
         self._tasks = [
@@ -120,6 +125,20 @@ class PolicyStore:
         self._closing.set()
         tasks, self._tasks = self._tasks, []
         await stop_tasks(tasks, grace_s=_PUBSUB_POLL_S + 1.0)
+
+    @property
+    def redis_connected(self) -> bool:
+        return self._subscribed and self._answering
+
+    def _set_answering(self, answering: bool, exc: BaseException | None = None) -> None:
+        """The periodic live refresh's verdict on Redis; logged once per change, not per refresh."""
+        if answering == self._answering:
+            return
+        self._answering = answering
+        if answering:
+            logger.info("policy: Redis answers again")
+        else:
+            logger.error("policy: Redis does not answer (%s); serving the last good policy", exc)
 
     # ---- loading ----------------------------------------------------------------------------
 
@@ -225,9 +244,10 @@ class PolicyStore:
                 # Anything announced while we were not subscribed is lost; re-read it all.
                 await self.refresh_live()
                 await self.reload_policy()
-                if not self.redis_connected:
+                if not self._subscribed:
                     logger.info("policy: subscribed to %s", self._keys.policy_channel)
-                self.redis_connected = True
+                self._subscribed = True
+                self._set_answering(True)
                 backoff_s = _MIN_BACKOFF_S
                 while not self._closing.is_set():
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_PUBSUB_POLL_S)
@@ -240,7 +260,7 @@ class PolicyStore:
             except (RedisError, OSError) as exc:
                 if self.redis_connected:
                     logger.error("policy: lost Redis (%s); serving the last good policy", exc)
-                self.redis_connected = False
+                self._subscribed = False
                 await sleep_unless(self._closing, backoff_s)
                 backoff_s = min(backoff_s * 2, _MAX_BACKOFF_S)
             finally:
@@ -268,4 +288,7 @@ class PolicyStore:
                 await self.refresh_live()
             except (RedisError, OSError) as exc:
                 logger.debug("live state: refresh failed (%s); keeping the fresh part of the last one", exc)
+                self._set_answering(False, exc)
                 self.expire_live()
+            else:
+                self._set_answering(True)

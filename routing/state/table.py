@@ -21,7 +21,7 @@ from routing.state.eligibility import eligible_nodes, served_models
 from routing.state.trials import TrialRoute, load_trial
 
 DEFAULT_SESSION_HEADER = SessionAffinityParams().session_header
-UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions")
+UPSTREAM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 
 class UnknownAlgorithm(ValueError):
@@ -47,6 +47,7 @@ class RoutingTable:
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
     model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
+    max_context_tokens: Mapping[str, int]  # model -> its context length (vLLM's max_model_len)
     shadow: TrialRoute | None = None  # decides beside the live policy, serves nothing (issue 23)
     canary: TrialRoute | None = None  # serves the sessions its hash picks (issue 23)
     uses_prefix_index: bool = False  # some policy here (live, shadow, canary) needs prefix matches
@@ -118,6 +119,7 @@ def build_table(
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
         model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
+        max_context_tokens={model.name: model.max_context_tokens for model in snapshot.models},
         shadow=shadow,
         canary=canary,
         uses_prefix_index=any(

@@ -58,7 +58,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
                         raise ConnectionResetError
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except (ConnectionError, asyncio.CancelledError):  # aiohttp's drain: ConnectionError
             ABORTED["count"] += 1
             raise
         return response

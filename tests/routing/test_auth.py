@@ -150,6 +150,50 @@ class TestAuth:
         assert SECRET.encode() not in entries[0][1][b"r"]
 
 
+class TestRefusedAttemptsPerKey:
+    """Issue 22, item 10: after revoking a leaked key an operator could not see it still being
+    tried: its 401s carried no key id (usage said "Refused 0"), the only metric had none either."""
+
+    async def test_a_revoked_or_expired_key_is_recorded_and_counted_for_its_key(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        from routing.contract import RequestRecord, decode
+
+        expired_secret = "gorgo-sk-k2-expired-secret-abcdef"
+        await setup(
+            aredis,
+            redis_keys,
+            stubs,
+            make_key(SECRET, revoked=True, priority="batch"),
+            make_key(expired_secret, key_id="k2", expires_at=time.time() - 60),
+        )
+        async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+            for secret in (SECRET, SECRET, SECRET, expired_secret):
+                answer = await gateway.http.post("/v1/chat/completions", json=BODY, headers=bearer(secret))
+                assert answer.status_code == 401
+            # Made-up keys, one of them naming the revoked key's id: attributed to no one.
+            for index in range(50):
+                await gateway.http.post(
+                    "/v1/chat/completions", json=BODY, headers=bearer(f"gorgo-sk-k{index}-made-up")
+                )
+            metrics = (await gateway.http.get("/metrics")).text
+            await wait_for(lambda: gateway.app.runtime.request_log.pending == 0)
+            await wait_for(lambda: aredis.xlen(redis_keys.request_stream))
+        records = [
+            decode(fields[b"r"], RequestRecord)
+            for _, fields in await aredis.xrange(redis_keys.request_stream)
+        ]
+        refused = [(r.key_id, r.priority, r.status) for r in records if r.key_id is not None]
+        assert sorted(refused) == [("k1", "batch", 401)] * 3 + [("k2", "interactive", 401)]
+        assert sum(1 for r in records if r.key_id is None and r.status == 401) == 50
+        assert (
+            'gorgo_gateway_key_requests_total{key_id="k1",priority="batch",status_class="4xx"} 3.0' in metrics
+        )
+        assert 'key_id="k2",priority="interactive",status_class="4xx"} 1.0' in metrics
+        # Nothing grows per made-up id: only the key set's ids ever label a series.
+        assert not any(f'key_id="k{index}"' in metrics for index in (0, *range(3, 50)))
+
+
 class TestDemoTraffic:
     async def test_the_traffic_generator_sends_its_key(self, aredis, redis_keys, redis_url, stubs):
         from simulator.traffic import build_plan, run_plan

@@ -71,7 +71,11 @@ class TestRequestErrors:
 
     async def test_it_answers_404_and_405_for_other_routes(self, gateway):
         async with httpx.AsyncClient() as client:
-            assert_openai_error(await client.get(f"{gateway.url}/v1/embeddings"), 404, "NotFoundError")
+            assert_openai_error(await client.get(f"{gateway.url}/v1/no-such-thing"), 404, "NotFoundError")
+            # /v1/embeddings is routed since issue 22: POST only, like the other inference paths.
+            assert_openai_error(
+                await client.get(f"{gateway.url}/v1/embeddings"), 405, "MethodNotAllowedError"
+            )
             assert_openai_error(
                 await client.get(f"{gateway.url}/v1/chat/completions"), 405, "MethodNotAllowedError"
             )

@@ -7,14 +7,17 @@ on connections. Now each is answered (431, 408, 503) or closed within its limit,
 
 from __future__ import annotations
 
+import re
 import socket
+import sys
 import time
 
 import pytest
 import redis
 
+from routing.contract import SCHEMA_VERSION, ClientKeySet
 from routing.writer import write
-from tests.routing.support import make_node, make_snapshot
+from tests.routing.support import make_key, make_node, make_snapshot
 from tests.routing.test_e2e_gateway import start_gateway
 
 pytestmark = pytest.mark.e2e
@@ -137,3 +140,107 @@ class TestConnectionCap:
             sock.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply
         assert b"retry-after: 1" in reply.lower()
+
+
+ATTACKER = "127.0.0.2"  # loopback too, another client address
+FLOOD_SECRET = "gorgo-sk-k1-flood-survivor"
+
+
+def attacker_connection(url: str) -> socket.socket:
+    """An idle keep-alive connection as in the repro: one ``GET /healthz``, answered, then silence."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10, source_address=(ATTACKER, 0))
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        sock.recv(65536)
+    except OSError:
+        pass  # refused or closed: the attacker does not care
+    return sock
+
+
+def keyed_request(url: str) -> int:
+    """One request of a normal client with a valid key on a new connection; its status (0: none)."""
+    sock = connect(url)
+    payload = (
+        b'{"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [{"role": "user", "content": "hi"}]}'
+    )
+    sock.sendall(
+        HEAD
+        + b"Authorization: Bearer "
+        + FLOOD_SECRET.encode()
+        + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload)
+        + payload
+    )
+    reply = answer(sock)
+    sock.close()
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0
+
+
+class TestConnectionFlood:
+    """Issue 22, item 3: 2,048 idle keep-alive connections from one unauthenticated client filled
+    GORGO_MAX_CONNECTIONS and every new client got 503 (60 of 60 probes). Scaled down: 64."""
+
+    @pytest.fixture
+    def flooded(self, redis_keys, redis_url, processes):
+        node = processes.start(
+            "upstream", [sys.executable, "-m", "tests.routing.http_upstream"], ready_text="READY"
+        )
+        upstream = "http://127.0.0.1:" + re.search(r"READY (\d+)", node.log()).group(1)
+        client = redis.Redis.from_url(redis_url)
+        write(client, redis_keys, make_snapshot((make_node(1, upstream),)))
+        key_set = ClientKeySet(
+            schema_version=SCHEMA_VERSION,
+            version=1,
+            written_at=time.time(),
+            keys=(make_key(FLOOD_SECRET),),
+        )
+        write(client, redis_keys, key_set)
+        client.close()
+        return start_gateway(
+            processes,
+            redis_url,
+            redis_keys,
+            env={
+                "GORGO_AUTH": "on",
+                "GORGO_MAX_CONNECTIONS": "64",
+                "GORGO_MAX_CONNECTIONS_PER_ADDRESS": "48",
+            },
+        )
+
+    def test_a_client_with_a_key_is_served_while_one_address_floods_idle_connections(self, flooded):
+        url = flooded
+        held = [attacker_connection(url) for _ in range(64)]  # the repro: fill the cap
+        statuses = []
+        try:
+            for _ in range(30):
+                # The attacker keeps opening (the repro re-sent every 75 s; here, between probes).
+                held += [attacker_connection(url) for _ in range(4)]
+                statuses.append(keyed_request(url))
+        finally:
+            for sock in held:
+                sock.close()
+        success_rate = statuses.count(200) / len(statuses)
+        print(f"normal client's success rate during the flood: {success_rate:.0%}")
+        assert success_rate == 1.0, statuses
+
+    def test_without_an_address_cap_the_oldest_idle_connection_makes_room(
+        self, redis_keys, redis_url, processes
+    ):
+        client = redis.Redis.from_url(redis_url)
+        write(client, redis_keys, make_snapshot((make_node(1, "http://127.0.0.1:9"),)))
+        client.close()
+        url = start_gateway(
+            processes,
+            redis_url,
+            redis_keys,
+            env={"GORGO_MAX_CONNECTIONS": "8", "GORGO_MAX_CONNECTIONS_PER_ADDRESS": "100"},
+        )
+        idle = [attacker_connection(url) for _ in range(8)]
+        newcomer = connect(url)
+        newcomer.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        reply = answer(newcomer)
+        oldest_closed = idle[0].recv(65536) == b""  # the oldest idle one was closed for it
+        for sock in [*idle[1:], newcomer]:
+            sock.close()
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:100]
+        assert oldest_closed

@@ -323,3 +323,102 @@ class TestLimitsAndSmuggling:
         assert reply.startswith(b"HTTP/1.1 400")
         assert reply.count(b"HTTP/1.1") == 1
         assert upstream_seen(upstream)["seen"] == []
+
+
+@pytest.fixture
+def tight_fleet(redis_keys, redis_url, processes):
+    """Like ``fleet``, with a 10 kB body limit and a 1 s send timeout."""
+    process = processes.start(
+        "upstream", [sys.executable, "-m", "tests.routing.http_upstream"], ready_text="READY"
+    )
+    port = re.search(r"READY (\d+)", process.log()).group(1)
+    upstream = f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(redis_url)
+    write(client, redis_keys, make_snapshot((make_node(1, upstream),)))
+    client.close()
+    env = {"GORGO_MAX_BODY_BYTES": "10000", "GORGO_CLIENT_SEND_TIMEOUT_S": "1"}
+    url = start_gateway(processes, redis_url, redis_keys, env=env)
+    host, port = url.removeprefix("http://").split(":")
+    return (host, int(port)), upstream
+
+
+def openai_error(reply: bytes, status: int) -> dict:
+    """The one answer on a connection the server closed: OpenAI's JSON error shape, not text."""
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status), reply[:200]
+    assert b"content-type: application/json" in head.lower(), head
+    assert b"connection: close" in head.lower(), head
+    error = json.loads(payload)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+class TestFramingErrorsAndStuckClients:
+    """Issue 22, item 7: framing errors got uvicorn's ``400 text/plain``, an over-limit chunked
+    body's 413 left the connection open for the body timeout (30 s), and a client that never read
+    its stream held it (and the node's generation) forever."""
+
+    def _refused(self, address: tuple[str, int], data: bytes) -> bytes:
+        sock, reader = connect(address)
+        sock.sendall(data)
+        reply = reader.raw()
+        sock.close()
+        return reply
+
+    def test_framing_errors_get_openai_shaped_json(self, fleet):
+        address, upstream = fleet
+        payload = body()
+        cases = {
+            "CL + TE": request(
+                payload, b"Content-Length: %d" % len(payload), framing=b"Transfer-Encoding: chunked"
+            )
+            + chunked(payload),
+            "bad chunk size": request(payload, framing=b"Transfer-Encoding: chunked")
+            + b"zz\r\n{}\r\n0\r\n\r\n",
+            "NUL in a header": request(payload, b"X-Evil: a\x00b"),
+            "HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        }
+        for name, data in cases.items():
+            error = openai_error(self._refused(address, data), 400)
+            assert error["type"] == "BadRequestError", name
+            assert error["message"].startswith("Invalid HTTP request"), (name, error)
+        assert upstream_seen(upstream)["seen"] == []
+
+    def test_a_bad_second_request_on_a_kept_alive_connection_is_answered_too(self, fleet):
+        address, _ = fleet
+        sock, reader = connect(address)
+        sock.sendall(request(body()))
+        assert reader.read(1)[0].status == 200
+        sock.sendall(b"GET / HTTP/1.1\r\nX-Evil: a\x00b\r\n\r\n")
+        reply = reader.raw()
+        sock.close()
+        openai_error(reply, 400)
+
+    def test_an_over_limit_chunked_body_gets_413_and_the_connection_ends(self, tight_fleet):
+        address, upstream = tight_fleet
+        sock, reader = connect(address)
+        # 20 kB of a chunked body, never finished (no last chunk): the repro kept it open 30 s.
+        sock.sendall(request(b"", framing=b"Transfer-Encoding: chunked") + b"400\r\n" + b"x" * 1024 + b"\r\n")
+        for _ in range(19):
+            sock.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+        (answer,) = reader.read(1)
+        assert answer.status == 413 and answer.json()["error"]["type"] == "RequestEntityTooLargeError"
+        assert answer.headers.get("connection") == "close"
+        sock.settimeout(10)  # far below the 30 s body timeout that used to end it
+        try:
+            assert sock.recv(65536) == b""  # end of file: the gateway is done with it
+        except ConnectionResetError:
+            pass  # closed as well
+        sock.close()
+        assert upstream_seen(upstream)["seen"] == []
+
+    def test_a_client_that_never_reads_its_stream_is_cut_and_the_node_request_cancelled(self, tight_fleet):
+        address, upstream = tight_fleet
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        sock.connect(address)
+        # ~10 MB of events, sent as fast as the node can: far more than every buffer between.
+        sock.sendall(request(body({"events": 120_000}, stream=True)))
+        sock.recv(64)  # the head has come: the client now stops reading
+        wait_until(lambda: upstream_seen(upstream)["aborted"] >= 1, timeout_s=20)
+        sock.close()

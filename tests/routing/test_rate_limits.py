@@ -301,3 +301,75 @@ class TestLeases:
         assert limiter._leases[key.id].requests <= 60
         remaining = [int(dict(verdict.headers)[b"x-ratelimit-remaining-requests"]) for verdict in verdicts]
         assert max(remaining) <= 6000
+
+
+class TestConcurrentMisses:
+    """Issue 22, item 4: concurrent requests that miss the lease each took one and only the last
+    was kept, so 200 concurrent requests to a fresh 120/min key admitted 61."""
+
+    async def test_200_concurrent_requests_to_a_120_per_min_key_admit_nearly_all_of_it(
+        self, redis_url, redis_keys
+    ):
+        client = make_limiter_redis(redis_url, 1.0)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=120)
+        try:
+            verdicts = await asyncio.gather(*(limiter.check(key, 1) for _ in range(200)))
+        finally:
+            await client.aclose()
+        admitted = sum(verdict.allowed for verdict in verdicts)
+        # Never more than the allowance; a request's worth may refill while the burst runs.
+        assert 114 <= admitted <= 121, admitted
+        assert limiter.fallbacks == 0
+
+    async def test_two_gateways_splitting_a_burst_admit_the_allowance_between_them(
+        self, redis_url, redis_keys
+    ):
+        clients = [make_limiter_redis(redis_url, 1.0) for _ in range(2)]
+        limiters = [RateLimiter(client, redis_keys, lease_fraction=0.01) for client in clients]
+        key = make_key(SECRET, requests_per_min=600, tokens_per_min=600_000)  # leases of 6 and 6,000
+        try:
+            verdicts = await asyncio.gather(*(limiters[index % 2].check(key, 100) for index in range(680)))
+        finally:
+            for client in clients:
+                await client.aclose()
+        admitted = sum(verdict.allowed for verdict in verdicts)
+        assert 570 <= admitted <= 601, admitted
+        # What the gateways still hold unused is at most their two leases.
+        held = sum(limiter._leases[key.id].requests for limiter in limiters if key.id in limiter._leases)
+        assert held <= 12
+
+    async def test_sustained_concurrency_admits_what_the_bucket_holds(self, redis_url, redis_keys):
+        # 20 requests at a time, ten waves: the shared bucket (100/min) is emptied exactly, and no
+        # wave's requests are lost to overwritten leases.
+        client = make_limiter_redis(redis_url, 1.0)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.05)
+        key = make_key(SECRET, requests_per_min=100)
+        try:
+            admitted = 0
+            for _ in range(10):
+                verdicts = await asyncio.gather(*(limiter.check(key, 1) for _ in range(20)))
+                admitted += sum(verdict.allowed for verdict in verdicts)
+        finally:
+            await client.aclose()
+        assert 95 <= admitted <= 101, admitted
+
+    async def test_a_refused_call_refuses_its_waiters_without_asking_again(self, redis_url, redis_keys):
+        client = make_limiter_redis(redis_url, 1.0)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=2)
+        calls = 0
+        script = limiter._check
+
+        async def counted(**kwargs):
+            nonlocal calls
+            calls += 1
+            return await script(**kwargs)
+
+        limiter._check = counted
+        try:
+            verdicts = await asyncio.gather(*(limiter.check(key, 1) for _ in range(50)))
+        finally:
+            await client.aclose()
+        assert sum(verdict.allowed for verdict in verdicts) == 2
+        assert calls <= 3, calls

@@ -5,7 +5,10 @@ Uses a private ``redis-server`` on a free port (never the shared one, which othe
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,10 +18,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from routing.contract import RedisKeys, RequestRecord, decode
+from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
 from simulator.harness import free_port
 from tests.routing.support import (
     MODEL,
     gateway_config,
+    make_key,
     make_node,
     make_snapshot,
     publish,
@@ -134,3 +139,67 @@ class TestRedisOutage:
             await wait_for(lambda: gateway.app.runtime.store.table is not None, timeout_s=15)
             assert (await client.get(f"{gateway.url}/healthz")).json()["policy_version"] == 3
             assert (await client.post(f"{gateway.url}/v1/chat/completions", json=BODY)).status_code == 200
+
+
+class TestHungRedis:
+    """Issue 22, item 6: a SIGSTOPped Redis accepts connections and answers nothing. The policy
+    listener's pubsub socket just stays quiet, so /healthz said ``redis_connected: true`` and the
+    "gateway without Redis" alert never fired; the limiters warned every 1.25 s."""
+
+    async def test_healthz_says_a_stopped_redis_is_not_connected_and_sees_it_come_back(
+        self, private_redis, stubs
+    ):
+        await publish_to(private_redis.url, make_snapshot((make_node(1, stubs[0].url),), version=1))
+        async with running_gateway(gateway_config(KEYS, private_redis.url)) as gateway:
+            store = gateway.app.runtime.store
+            await wait_for(lambda: store.redis_connected)
+            os.kill(private_redis.process.pid, signal.SIGSTOP)
+            try:
+                # The live refresh (every 0.2 s here) is the ping; its socket timeout is 2 s.
+                await wait_for(lambda: not store.redis_connected, timeout_s=10, what="hung Redis noticed")
+                health = (await gateway.http.get("/healthz")).json()
+                assert health["redis_connected"] is False
+                served = await gateway.http.post("/v1/chat/completions", json=BODY)
+                assert served.status_code == 200  # the last good policy still serves
+            finally:
+                os.kill(private_redis.process.pid, signal.SIGCONT)
+            await wait_for(lambda: store.redis_connected, timeout_s=15, what="Redis back")
+            assert (await gateway.http.get("/healthz")).json()["redis_connected"] is True
+
+    async def test_the_rate_limiter_warns_once_per_outage_of_a_hung_redis(self, private_redis, caplog):
+        now = [0.0]
+        client = make_limiter_redis(private_redis.url, 0.25)
+        limiter = RateLimiter(client, KEYS, retry_after_s=1.0, clock=lambda: now[0])
+        key = make_key("gorgo-sk-k1-hung-redis", requests_per_min=600)
+        caplog.set_level(logging.INFO, logger="routing.ratelimit")
+
+        def warnings() -> int:
+            return sum("Redis unreachable" in record.getMessage() for record in caplog.records)
+
+        try:
+            assert (await limiter.check(key, 1)).allowed  # Redis answers: no warning
+            limiter._leases.clear()
+            os.kill(private_redis.process.pid, signal.SIGSTOP)
+            try:
+                for step in range(4):  # each retry after the backoff times out again
+                    now[0] = 10.0 + step * 1.2
+                    limiter._leases.clear()
+                    assert (await limiter.check(key, 1)).allowed  # answered locally
+            finally:
+                os.kill(private_redis.process.pid, signal.SIGCONT)
+            assert limiter.fallbacks == 4
+            assert warnings() == 1
+            now[0] = 20.0
+            limiter._leases.clear()
+            assert (await limiter.check(key, 1)).allowed  # Redis again: the outage is over
+            assert any("answers again" in record.getMessage() for record in caplog.records)
+            os.kill(private_redis.process.pid, signal.SIGSTOP)
+            try:
+                now[0] = 30.0
+                limiter._leases.clear()
+                await limiter.check(key, 1)
+            finally:
+                os.kill(private_redis.process.pid, signal.SIGCONT)
+            assert warnings() == 2  # a new outage warns again
+        finally:
+            await client.aclose()

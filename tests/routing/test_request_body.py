@@ -7,6 +7,7 @@ import json
 import pytest
 
 from routing.cache.prompt import BodyError, parse_body
+from tests.routing.support import MODEL, gateway_config, make_node, make_snapshot, publish, running_gateway
 
 
 def chat(messages, **extra) -> bytes:
@@ -63,3 +64,31 @@ class TestRequestBody:
             parse_body(endpoint, body)
         assert caught.value.param == param
         assert "Traceback" not in str(caught.value)
+
+
+class TestPromptPastTheContext:
+    """Issue 22, item 5: a 3.9 MB prompt went to the node (which refused it) after the gateway had
+    rendered and indexed all of it; the gateway now refuses it itself, with vLLM's 400."""
+
+    async def test_a_prompt_past_the_models_context_is_refused_without_a_node(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))  # 8192 tokens
+        too_long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 30_000}]}
+        fits = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 20_000}]}
+        ids = {"model": MODEL, "prompt": [7] * 8193}
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            refused = await gateway.http.post("/v1/chat/completions", json=too_long)
+            refused_ids = await gateway.http.post("/v1/completions", json=ids)
+            served = await gateway.http.post("/v1/chat/completions", json=fits)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["type"] == "BadRequestError" and error["param"] == "messages"
+        assert error["message"].startswith("This model's maximum context length is 8192 tokens.")
+        assert (
+            refused_ids.status_code == 400
+            and "at least 8193 input tokens." in refused_ids.json()["error"]["message"]
+        )
+        # 100,000 characters may be 8,192 tokens or fewer: the node decides (and here serves it).
+        assert served.status_code == 200
+        assert len(stubs[0].seen) == 1

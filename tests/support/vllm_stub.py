@@ -68,6 +68,7 @@ class StubNode:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_post("/v1/completions", self._handle)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         self.runner = web.AppRunner(app, access_log=None)
@@ -118,6 +119,19 @@ class StubNode:
         text = self.metrics() if callable(self.metrics) else self.metrics
         return web.Response(
             body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.seen.append(SeenRequest(request.path, CIMultiDict(request.headers), body))
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5]}],
+                "model": body["model"],
+                "usage": {"prompt_tokens": 3, "total_tokens": 3},
+            },
+            headers={"X-Stub-Node": self.name},
         )
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
