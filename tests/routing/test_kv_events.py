@@ -33,8 +33,8 @@ NODE = "us-east-1"
 NODE_ID = 1
 
 
-# The gateway reads the pre-0.32 replay reply only, until issue 26's second phase teaches it 0.32's
-# (with the topic frame); the emulator speaks 0.32's by default.
+# The emulator answers replay as vLLM 0.32 does by default (with the topic frame); the gateway still
+# reads the older reply, which one test keeps speaking.
 PRE_032_REPLAY = "pre-0.32"
 
 
@@ -43,7 +43,6 @@ def events_config(encoding: str, replay: bool = True) -> str:
         "enable_kv_cache_events": True,
         "endpoint": "tcp://*:0",
         "encoding": encoding,
-        "replay_format": PRE_032_REPLAY,
     }
     if replay:
         config["replay_endpoint"] = "tcp://*:0"
@@ -225,14 +224,16 @@ def stored(first: int, count: int = 1, parent: int | None = None) -> BlockStored
     )
 
 
-@pytest.mark.parametrize("buffer_steps", [100, 1])
-async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int) -> None:
+@pytest.mark.parametrize(
+    ("buffer_steps", "replay_format"), [(100, "v0.32"), (100, PRE_032_REPLAY), (1, "v0.32")]
+)
+async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int, replay_format: str) -> None:
     config = KVEventsConfig(
         enable_kv_cache_events=True,
         endpoint="tcp://*:0",
         replay_endpoint="tcp://*:0",
         buffer_steps=buffer_steps,
-        replay_format=PRE_032_REPLAY,
+        replay_format=replay_format,
     )
     publisher = LossyPublisher(config, "127.0.0.1")
     publisher.start()

@@ -26,13 +26,7 @@ from tests.routing.support import (
 
 NODES = ("us-east-1", "us-east-2", "eu-central-1")
 EVENTS = {
-    # pre-0.32 replay: the gateway reads 0.32's reply only after issue 26's second phase
-    "us-east-1": {
-        "enable_kv_cache_events": True,
-        "endpoint": "tcp://*:0",
-        "replay_endpoint": "tcp://*:0",
-        "replay_format": "pre-0.32",
-    },
+    "us-east-1": {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"},
     "us-east-2": {"enable_kv_cache_events": True, "endpoint": "tcp://*:0", "encoding": "legacy"},
     "eu-central-1": {"enable_kv_cache_events": False},
 }

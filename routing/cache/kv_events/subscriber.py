@@ -245,9 +245,12 @@ class NodeSubscriber:
                     logger.warning("KV-event replay from node %s timed out", self.node_id)
                     return False
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3 or len(frames[1]) != 8:
+                # vLLM 0.32: [b"", topic, seq, payload] (the end: [b"", b"", END_SEQ, b""]); before
+                # 0.32: [b"", seq, payload]. The sequence number is the next-to-last frame in both.
+                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                    self.stats.dropped["malformed_replay"] += 1
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
                     if self._expected is None and start == 0:
                         self._expected = 0  # nothing was ever published: known empty
@@ -259,6 +262,6 @@ class NodeSubscriber:
                 if until is not None and seq >= until:
                     continue  # the live stream delivers these
                 if self._expected is None or seq >= self._expected:
-                    self._apply(seq, frames[2])
+                    self._apply(seq, frames[-1])
         finally:
             dealer.close(linger=0)
