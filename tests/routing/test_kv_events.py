@@ -262,3 +262,36 @@ async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int, 
     finally:
         await events.close()
         await publisher.stop()
+
+
+async def test_a_sequence_back_to_zero_empties_the_node_at_once() -> None:
+    # vLLM 0.32 restarted behind a relay (the gateway's connection never drops): the only sign is
+    # the sequence starting again at 0, and no AllBlocksCleared comes. The new process holds
+    # nothing it has not announced: the old blocks must go with the first new batch.
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint="tcp://*:0", replay_endpoint="tcp://*:0", buffer_steps=100
+    )
+    publisher = LossyPublisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(publisher.endpoint, publisher.replay_endpoint)})
+        await wait_for(lambda: events.mode(NODE_ID) == "precise")
+        publisher.publish([stored(1)])
+        publisher.publish([stored(2, parent=1)])
+        publisher.publish([stored(3, parent=2)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 3)
+
+        publisher._seq = 0  # the new process
+        publisher._buffer.clear()
+        publisher.publish([stored(50)])
+        subscriber = events.subscribers[NODE_ID]
+        await wait_for(lambda: subscriber.stats.restarts == 1)
+        assert events.index.blocks(NODE_ID) == 1  # block 50 only
+        assert events.mode(NODE_ID) == "precise"
+        publisher.publish([stored(51, parent=50)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 2)
+        assert subscriber.stats.gaps == 0 and subscriber.stats.restarts == 1
+    finally:
+        await events.close()
+        await publisher.stop()

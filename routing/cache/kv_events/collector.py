@@ -42,6 +42,11 @@ class KVEventsCollector(Collector):
         gaps = CounterMetricFamily(
             "gorgo_kv_event_sequence_gaps", "Sequence gaps in a node's event stream.", labels=["node"]
         )
+        restarts = CounterMetricFamily(
+            "gorgo_kv_event_publisher_restarts",
+            "Times a node's event sequence went back (a restarted vLLM; its index was emptied).",
+            labels=["node"],
+        )
         blocks = GaugeMetricFamily(
             "gorgo_kv_index_blocks", "Blocks the precise index holds per node.", labels=["node"]
         )
@@ -61,11 +66,12 @@ class KVEventsCollector(Collector):
             for reason, count in sorted(stats.dropped.items()):
                 dropped.add_metric([name, reason], count)
             gaps.add_metric([name], stats.gaps)
+            restarts.add_metric([name], stats.restarts)
             blocks.add_metric([name], self._events.index.blocks(node_id))
             if stats.last_lag_s is not None:
                 lag.add_metric([name], stats.last_lag_s)
             mode.add_metric([name], 1 if subscriber.mode(now) == "precise" else 0)
-        yield from (received, applied, dropped, gaps, blocks, lag, mode)
+        yield from (received, applied, dropped, gaps, restarts, blocks, lag, mode)
         predicted = CounterMetricFamily(
             "gorgo_prefix_predicted_cached_tokens",
             "Cached prompt tokens the index predicted for the chosen node.",

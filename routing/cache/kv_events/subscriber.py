@@ -13,9 +13,13 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
   restarts empty), and while events lag.
 
 Sequence rules: every (re)connection empties the node and replays from 0 (a reconnect may be a
-restarted vLLM: new hashes, new sequence), a sequence number lower than expected means the
-publisher restarted (empty, replay from 0), a higher one is a gap (replay from the expected one;
-if the publisher's buffer no longer has it, empty and count it). ``AllBlocksCleared`` empties it.
+restarted vLLM). A live sequence number not above the previous live one means the publisher
+restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
+emptied at once and the new process's earlier batches replayed from 0. Through a relay (the node
+connects out, ``routing.cache.kv_relay``) the gateway's own connection never drops, so this is the
+only sign of a restart. A live number below the expected one but above the previous live one was
+already applied through replay; a higher one is a gap (replay from the expected one; if the
+publisher's buffer no longer has it, empty and count it). ``AllBlocksCleared`` empties it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class NodeEventStats:
     gaps: int = 0
     replays: int = 0
     resets: int = 0
+    restarts: int = 0  # the sequence went back: a new publisher process
+    last_restart_at: float | None = None  # unix s the last restart was seen (its index emptied)
     last_lag_s: float | None = None
     last_event_at: float | None = None  # unix s of the last batch received
     connected: bool = False
@@ -95,6 +101,7 @@ class NodeSubscriber:
         self._ctx = context
         self._clock = clock
         self._expected: int | None = None
+        self._last_live_seq: int | None = None  # the last sequence number the live stream brought
         self._resync_until = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -165,11 +172,24 @@ class NodeSubscriber:
         if event == zmq.EVENT_CONNECTED:
             # A (re)connection may be a restarted node: start over from what it can replay.
             self._reset(count=False)
+            self._last_live_seq = None
             self.stats.connected = True
             if self.source.replay_endpoint:
                 await self._replay(0)
         elif event == zmq.EVENT_DISCONNECTED:
             self.stats.connected = False
+
+    def _on_restart(self, seq: int) -> None:
+        self.stats.restarts += 1
+        self.stats.last_restart_at = self._clock()
+        logger.info(
+            "KV events of node %s: sequence went back to %d, a restarted vLLM; its blocks are forgotten",
+            self.node_id,
+            seq,
+        )
+        self._reset(count=False)
+        # The new process's batches before this one are in its replay buffer (a gap from 0).
+        self._expected = 0
 
     def _reset(self, *, count: bool) -> None:
         self._index.clear(self.node_id)
@@ -178,6 +198,12 @@ class NodeSubscriber:
             self.stats.resets += 1
 
     async def _on_message(self, seq: int, payload: bytes) -> None:
+        last_live = self._last_live_seq
+        self._last_live_seq = seq
+        if last_live is not None and seq <= last_live:
+            # One publisher's live stream only goes up: lower is a new process (vLLM starts at 0
+            # and sends no AllBlocksCleared), whose cache is empty. Start over at once.
+            self._on_restart(seq)
         expected = self._expected
         if expected is None:
             self._expected = seq  # the first message (no replay, or it failed): start here
