@@ -12,8 +12,9 @@ One object behind the gateway's ``PrefixIndex`` hook, per node:
   for every node, so a node falling back finds it warm.
 
 ``last_prediction`` holds the chosen node's predicted cached tokens and mode of the decision just
-made, which the proxy compares with the node's ``usage.prompt_tokens_details.cached_tokens``
-(``record_outcome``) for the predicted-vs-actual metrics.
+made (``insert``); the proxy puts it on that request's ``Decision`` at once and compares it with
+the node's ``usage.prompt_tokens_details.cached_tokens`` (``record_outcome``) for the
+predicted-vs-actual metrics.
 """
 
 from __future__ import annotations

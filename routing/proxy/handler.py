@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import replace
 
 from routing.algorithms.base import Decision, RoutingRequest, RoutingView
 from routing.cache.prompt import (
@@ -224,6 +225,11 @@ class Proxy:
         decision = algorithm.choose(view, request)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
+            # Read now, on this request's decision: the index's attribute is the last decision
+            # of any request, and a policy that never asks the index must record no prediction.
+            prediction = getattr(self._cache_index, "last_prediction", None)
+            if prediction is not None:
+                decision = replace(decision, prediction=prediction)
         return decision
 
     def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:

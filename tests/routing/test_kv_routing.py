@@ -130,3 +130,37 @@ async def test_without_a_tokenizer_the_model_falls_back_to_the_approximate_index
         if metric(text, "gorgo_prefix_actual_cached_tokens_total", node=name, mode=mode) is not None
     }
     assert modes == {"approximate"}
+
+
+def cached_token_totals(text: str) -> float:
+    return sum(
+        metric(text, f"gorgo_prefix_{kind}_cached_tokens_total", node=name, mode=mode) or 0
+        for kind in ("predicted", "actual")
+        for name in NODES
+        for mode in ("precise", "approximate")
+    )
+
+
+async def test_a_policy_that_never_asks_the_index_records_no_prediction(aredis, redis_keys, redis_url):
+    # The index's last prediction (of a gorgo decision) used to be copied onto every later request:
+    # a round_robin run then logged requests as "precise" with another request's prediction.
+    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+    async with Fleet.start(
+        topology, auto_ports=True, only=list(NODES), kv_events=EVENTS, time_scale=0.05
+    ) as fleet:
+        snapshot = snapshot_for(fleet, tokenizer=True)
+        await publish(aredis, redis_keys, snapshot)
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            app = gateway.app
+            await wait_for(lambda: app.kv_events.mode(1) == "precise" and app.kv_events.mode(2) == "precise")
+            await send_conversations(gateway, 2)
+            before = cached_token_totals((await gateway.http.get("/metrics")).text)
+            assert before > 0
+            await publish(
+                aredis, redis_keys, make_snapshot(snapshot.nodes, version=2, models=snapshot.models)
+            )
+            store = app.runtime.store
+            await wait_for(lambda: store.table is not None and store.table.version == 2)
+            await send_conversations(gateway, 3)
+            after = cached_token_totals((await gateway.http.get("/metrics")).text)
+    assert after == before
