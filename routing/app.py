@@ -317,7 +317,8 @@ class Gateway:
                 model.name: (model.tokenizer.tokenizer_path, model.tokenizer.chat_template_path)
                 for model in snapshot.models
                 if model.tokenizer is not None
-            }
+            },
+            lora_adapters={model.name for model in snapshot.models if model.lora_adapter},
         )
         sources = {
             node.id: EventSource(

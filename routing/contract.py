@@ -320,6 +320,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     kv_block_size: int
     max_context_tokens: int
     tokenizer: TokenizerSpec | None = None  # None: the model is routed on the approximate index
+    # The name is a LoRA adapter's (vLLM --lora-modules): vLLM hashes it into every block, so its
+    # blocks are its own (routing.cache.precise_index.Tenant).
+    lora_adapter: bool = False
 
 
 class KVEventsSpec(msgspec.Struct, frozen=True):

@@ -56,6 +56,11 @@ class LLMModel(Audited, models.Model):
         blank=True,
         help_text="Path of the model's Jinja chat template (Hugging Face format) on the gateway hosts.",
     )
+    lora_adapter = models.BooleanField(
+        default=False,
+        help_text="The name is a LoRA adapter's (vLLM --lora-modules NAME=PATH): vLLM keeps its cached "
+        "blocks apart from the base model's, and so do gateways.",
+    )
 
     class Meta:
         # The class was called ``Model`` before; the table keeps its name.

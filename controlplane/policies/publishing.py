@@ -99,6 +99,7 @@ def compile_spec(spec: PolicySpec) -> PolicySnapshot:
             tokenizer=(
                 TokenizerSpec(m.tokenizer_path, m.chat_template_path or None) if m.tokenizer_path else None
             ),
+            lora_adapter=m.lora_adapter,
         )
         for m in LLMModel.objects.order_by("name")
     )

@@ -29,7 +29,7 @@ from xxhash import xxh3_64_intdigest
 from routing.cache.approx_index import ApproxPrefixIndex
 from routing.cache.kv_events.manager import KVEvents
 from routing.cache.kv_events.subscriber import Mode
-from routing.cache.precise_index import block_keys, extend_block_keys
+from routing.cache.precise_index import Tenant, block_keys, extend_block_keys
 from routing.contract import NodeSpec
 
 PENDING_S = 2.0
@@ -65,7 +65,7 @@ class KVAwareIndex:
         self._last_modes: dict[int, Mode] = {}
         self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
         self.last_prediction: tuple[int, Mode, int] | None = None  # node, mode, predicted tokens
-        self._key_cache: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()
+        self._key_cache: OrderedDict[tuple[int, int, int, Tenant | None], list[int]] = OrderedDict()
         # node -> mode -> [predicted tokens, actual tokens]
         self.cached_tokens: dict[tuple[int, Mode], list[int]] = defaultdict(lambda: [0, 0])
 
@@ -83,7 +83,11 @@ class KVAwareIndex:
     # ---- the gateway's hook -------------------------------------------------------------------
 
     def match(
-        self, node_ids: Sequence[int], prompt_text: str, prompt_ids: array | None = None
+        self,
+        node_ids: Sequence[int],
+        prompt_text: str,
+        prompt_ids: array | None = None,
+        tenant: Tenant | None = None,
     ) -> dict[int, int]:
         now = self._clock()
         events = self.events
@@ -110,7 +114,7 @@ class KVAwareIndex:
             for node_id in precise_nodes:
                 by_size[index.block_size(node_id) or 16].append(node_id)
             for block_size, nodes in by_size.items():
-                keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
+                keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size, tenant)
                 self._last_keys[block_size] = keys
                 matched = index.match_keys(keys, nodes, block_size)
                 for node_id in nodes:
@@ -135,10 +139,13 @@ class KVAwareIndex:
         self._last_matched = raw
         return result
 
-    def _keys_for(self, prompt_ids: array, block_size: int, num_blocks: int) -> list[int]:
-        """The prompt's block keys, reusing those of an earlier prompt with the same beginning."""
+    def _keys_for(
+        self, prompt_ids: array, block_size: int, num_blocks: int, tenant: Tenant | None = None
+    ) -> list[int]:
+        """The prompt's block keys, reusing those of an earlier prompt with the same beginning
+        (and the same tenant: another salt or adapter keys the same ids apart)."""
         if num_blocks < ANCHOR_BLOCKS:
-            return block_keys(prompt_ids, block_size, num_blocks)
+            return block_keys(prompt_ids, block_size, num_blocks, tenant)
         data = memoryview(prompt_ids).cast("B")
         anchor_bytes = ANCHOR_BLOCKS * block_size * 4
         cache = self._key_cache
@@ -146,16 +153,16 @@ class KVAwareIndex:
         known: list[int] = []
         for anchor in range(anchors, 0, -1):
             digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
-            cached = cache.get((block_size, anchor, digest))
+            cached = cache.get((block_size, anchor, digest, tenant))
             if cached is not None:
-                cache.move_to_end((block_size, anchor, digest))
+                cache.move_to_end((block_size, anchor, digest, tenant))
                 known = cached[: anchor * ANCHOR_BLOCKS]
                 break
         keys = known[:]
-        extend_block_keys(keys, prompt_ids, block_size, num_blocks)
+        extend_block_keys(keys, prompt_ids, block_size, num_blocks, tenant)
         for anchor in range(len(known) // ANCHOR_BLOCKS + 1, anchors + 1):
             digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
-            cache[(block_size, anchor, digest)] = keys
+            cache[(block_size, anchor, digest, tenant)] = keys
         while len(cache) > KEY_CACHE_PROMPTS * 4:
             cache.popitem(last=False)
         return keys

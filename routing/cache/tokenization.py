@@ -33,6 +33,8 @@ from typing import Any
 
 import msgspec
 
+from routing.cache.precise_index import Tenant
+
 logger = logging.getLogger("routing.tokenization")
 
 DEFAULT_COLD_BUDGET_CHARS = 4096  # ~1k tokens, ~0.5 ms: what a request may tokenize inline
@@ -48,10 +50,15 @@ class TokenizerError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PromptIds:
-    """The prompt's token ids; ``complete`` is False when a long new segment was left out."""
+    """The prompt's token ids; ``complete`` is False when a long new segment was left out.
+
+    ``tenant``: what vLLM hashes into the blocks besides the ids (``cache_salt``, the LoRA adapter),
+    None when nothing: part of the prompt's block keys.
+    """
 
     ids: array  # array("I")
     complete: bool
+    tenant: Tenant | None = None
 
 
 class _Part(msgspec.Struct):
@@ -66,10 +73,12 @@ class _Message(msgspec.Struct):
 
 class _ChatBody(msgspec.Struct):
     messages: list[_Message] = []
+    cache_salt: str | None = None
 
 
 class _CompletionBody(msgspec.Struct):
     prompt: str | list[str | int | list[int]] | None = None
+    cache_salt: str | None = None
 
 
 _chat_decoder = msgspec.json.Decoder(_ChatBody)
@@ -131,8 +140,18 @@ class ModelTokenizer:
 
     # ---- the request path ---------------------------------------------------------------------
 
-    def prompt_ids(self, endpoint: str, body: bytes) -> PromptIds | None:
-        """The request's prompt ids, or None when they cannot be known (no template, odd input)."""
+    def prompt_ids(self, endpoint: str, body: bytes, lora_name: str | None = None) -> PromptIds | None:
+        """The request's prompt ids, or None when they cannot be known (no template, odd input).
+
+        ``lora_name``: the adapter the request's model names (vLLM hashes it into every block).
+        """
+        ids = self._prompt_ids(endpoint, body)
+        if ids is None or (lora_name is None and ids.tenant is None):
+            return ids
+        salt = ids.tenant.cache_salt if ids.tenant is not None else None
+        return PromptIds(ids.ids, ids.complete, Tenant(lora_name, salt))
+
+    def _prompt_ids(self, endpoint: str, body: bytes) -> PromptIds | None:
         try:
             if endpoint == "chat":
                 if self._template is None:
@@ -145,16 +164,16 @@ class ModelTokenizer:
                     bos_token=self._bos,
                     eos_token=self._eos,
                 )
-                return self.text_ids(text)
+                return _salted(self.text_ids(text), chat.cache_salt)
             completion = _completion_decoder.decode(body)
             prompt = completion.prompt
             if isinstance(prompt, list) and len(prompt) == 1:
                 prompt = prompt[0]
             if isinstance(prompt, str):
                 ids = self.text_ids(prompt)
-                return PromptIds(self._prefix_ids + ids.ids, ids.complete)
+                return _salted(PromptIds(self._prefix_ids + ids.ids, ids.complete), completion.cache_salt)
             if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
-                return PromptIds(array("I", prompt), True)  # type: ignore[arg-type]
+                return _salted(PromptIds(array("I", prompt), True), completion.cache_salt)  # type: ignore[arg-type]
             return None
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
             return None
@@ -230,6 +249,11 @@ class ModelTokenizer:
         future.add_done_callback(done)
 
 
+def _salted(ids: PromptIds, cache_salt: str | None) -> PromptIds:
+    # vLLM refuses an empty salt (400): such a request is never cached, its keys do not matter.
+    return PromptIds(ids.ids, ids.complete, Tenant(None, cache_salt)) if cache_salt else ids
+
+
 def _content_text(content: str | list[_Part] | None) -> str:
     if content is None:
         return ""
@@ -250,6 +274,7 @@ class Tokenizers:
     def __init__(self, *, cold_budget_chars: int = DEFAULT_COLD_BUDGET_CHARS) -> None:
         self._by_model: dict[str, ModelTokenizer] = {}
         self._by_paths: dict[tuple[str, str | None], ModelTokenizer] = {}
+        self._lora_adapters: frozenset[str] = frozenset()
         self._cold_budget = cold_budget_chars
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gorgo-tokenize")
         self.errors: dict[str, str] = {}  # model -> why its tokenizer could not be loaded
@@ -260,10 +285,20 @@ class Tokenizers:
     def prompt_ids(self, model: str, endpoint: str, body: bytes) -> PromptIds | None:
         """The request's prompt ids; None when the model has no (loadable) tokenizer."""
         tokenizer = self._by_model.get(model)
-        return tokenizer.prompt_ids(endpoint, body) if tokenizer is not None else None
+        if tokenizer is None:
+            return None
+        return tokenizer.prompt_ids(endpoint, body, model if model in self._lora_adapters else None)
 
-    def sync(self, specs: Mapping[str, tuple[str, str | None]]) -> None:
-        """``specs``: model -> (tokenizer path, chat template path). Bad files are logged, skipped."""
+    def sync(
+        self,
+        specs: Mapping[str, tuple[str, str | None]],
+        lora_adapters: frozenset[str] | set[str] = frozenset(),
+    ) -> None:
+        """``specs``: model -> (tokenizer path, chat template path). Bad files are logged, skipped.
+
+        ``lora_adapters``: the models whose name is a LoRA adapter's (keyed with it).
+        """
+        self._lora_adapters = frozenset(lora_adapters)
         by_paths: dict[tuple[str, str | None], ModelTokenizer] = {}
         by_model: dict[str, ModelTokenizer] = {}
         errors: dict[str, str] = {}

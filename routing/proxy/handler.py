@@ -207,7 +207,11 @@ class Proxy:
         if not uses_index:
             matched: dict[int, int] = {}
         elif prompt_ids is not None and prompt_ids.complete:
-            matched = self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
+            matched = (
+                self._cache_index.match(node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant)
+                if prompt_ids.tenant is not None
+                else self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
+            )
         else:
             matched = self._cache_index.match(node_ids, prompt_text)
         self._sequence += 1

@@ -295,3 +295,34 @@ async def test_a_sequence_back_to_zero_empties_the_node_at_once() -> None:
     finally:
         await events.close()
         await publisher.stop()
+
+
+async def test_two_cache_salts_are_predicted_apart() -> None:
+    # Same prompt, another salt: the emulated vLLM (as the real one) reuses nothing, and the index
+    # must predict nothing; the same salt again is a full hit.
+    tokenizer = ModelTokenizer(str(TOKENIZER_PATH), str(CHAT_TEMPLATE_PATH))
+    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+    async with Fleet.start(
+        topology, auto_ports=True, only=[NODE], kv_events={NODE: events_config("map")}, time_scale=0.05
+    ) as fleet:
+        node = fleet.node(NODE)
+        events = KVEvents()
+        await events.sync({NODE_ID: EventSource(node.kv_events_endpoint, node.kv_events_replay_endpoint)})
+        try:
+            await wait_for(lambda: events.mode(NODE_ID) == "precise")
+            seen = []
+            async with aiohttp.ClientSession() as session:
+                for salt in ("tenant-a", "tenant-b", "tenant-a", None):
+                    body = chat_body(77) | ({"cache_salt": salt} if salt else {})
+                    ids = tokenizer.prompt_ids("chat", json.dumps(body).encode())
+                    assert ids is not None and ids.complete
+                    keys = block_keys(ids.ids, 16, (len(ids.ids) - 1) // 16, ids.tenant)
+                    predicted = events.index.match_keys(keys, [NODE_ID], 16).get(NODE_ID, 0)
+                    async with session.post(node.url + "/v1/chat/completions", json=body) as response:
+                        usage = (await response.json())["usage"]
+                    seen.append((predicted, usage["prompt_tokens_details"]["cached_tokens"]))
+                    await wait_for(lambda: events.index.blocks(NODE_ID) == node.engine.pool.num_cached_blocks)
+            assert [actual for _, actual in seen][:2] == [0, 0] and seen[2][1] > 0
+            assert [predicted for predicted, _ in seen] == [actual for _, actual in seen]
+        finally:
+            await events.close()

@@ -238,7 +238,13 @@ class NodeSubscriber:
         for event in batch.events:
             if isinstance(event, Stored):
                 unkeyed = index.store(
-                    node_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                    node_id,
+                    event.block_hashes,
+                    event.parent_block_hash,
+                    event.token_ids,
+                    event.block_size,
+                    event.extra_keys,
+                    event.lora_name,
                 )
                 if unkeyed:
                     stats.dropped["unknown_parent"] += 1
