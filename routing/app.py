@@ -321,9 +321,7 @@ class Gateway:
             lora_adapters={model.name for model in snapshot.models if model.lora_adapter},
         )
         sources = {
-            node.id: EventSource(
-                node.kv_events.endpoint, node.kv_events.replay_endpoint, node.kv_events.topic
-            )
+            node.id: EventSource.of_node(node.kv_events, node.base_url)
             for node in snapshot.nodes
             if node.kv_events is not None
         }

@@ -556,6 +556,7 @@ class NodeKVState(msgspec.Struct, frozen=True):
     blocks: int = 0
     gaps: int = 0
     received: int = 0
+    silent: bool = False  # answered requests through the gateway and sent no event for a while
 
 
 class GatewayKVState(msgspec.Struct, frozen=True):

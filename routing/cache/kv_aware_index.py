@@ -237,6 +237,10 @@ class KVAwareIndex:
         # but a node whose queue evicts before admission still falls short (miss-snowball guard).
         self.approx.observe(node_id, predicted_fraction, observed_fraction, now_s)
 
+    def note_served(self, node_id: int) -> None:
+        """The node answered a request (its KV events are due; a node that sends none is flagged)."""
+        self.events.note_served(node_id)
+
     def record_outcome(self, node_id: int, mode: Mode, predicted_tokens: int, actual_tokens: int) -> None:
         totals = self.cached_tokens[(node_id, mode)]
         totals[0] += predicted_tokens

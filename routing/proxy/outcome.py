@@ -62,6 +62,10 @@ class RequestOutcome:
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
+            if node is not None and exchange.status == 200:
+                served = getattr(self._cache_index, "note_served", None)
+                if served is not None:
+                    served(node.id)
             prediction = exchange.prediction
             if (
                 prediction is not None

@@ -38,8 +38,13 @@ def snapshot_for(fleet: Fleet, *, tokenizer: bool):
         node = make_node(number, fleet.url(name), name=name)
         sim = fleet.node(name)
         if sim.kv_events_endpoint:
+            endpoint = sim.kv_events_endpoint
+            if name == "us-east-1":
+                # As an operator copies vLLM's --kv-events-config: the gateway reads "*" as the
+                # node's host (its base_url's, 127.0.0.1 here).
+                endpoint = "tcp://*:" + endpoint.rpartition(":")[2]
             node = msgspec.structs.replace(
-                node, kv_events=KVEventsSpec(sim.kv_events_endpoint, sim.kv_events_replay_endpoint)
+                node, kv_events=KVEventsSpec(endpoint, sim.kv_events_replay_endpoint)
             )
         nodes.append(node)
     snapshot = make_snapshot(tuple(nodes), params=GorgoParams())
@@ -95,6 +100,7 @@ async def test_a_mixed_fleet_is_routed_precisely_where_nodes_publish_events(ared
     assert metric(text, "gorgo_kv_index_precise", node="us-east-1") == 1.0
     assert metric(text, "gorgo_kv_index_precise", node="us-east-2") == 1.0
     assert metric(text, "gorgo_kv_index_precise", node="eu-central-1") is None
+    assert metric(text, "gorgo_kv_events_silent", node="us-east-1") == 0.0
     assert metric(text, "gorgo_kv_events_received_total", node="us-east-1") is not None
     assert metric(text, "gorgo_kv_index_blocks", node="us-east-1") is not None
     precise_predicted = sum(

@@ -10,7 +10,9 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
   an under-estimate);
 - ``approximate`` otherwise: before the first connection, while disconnected (the node may be
   restarting), for ``RESYNC_S`` after a sequence gap that replay could not fill (the index then
-  restarts empty), and while events lag.
+  restarts empty), while events lag, and while the node is **silent**: it answered
+  ``SILENT_MIN_REQUESTS`` requests through this gateway, the first ``SILENT_AFTER_S`` ago, and no
+  event came since (logged once with ``ENDPOINT_SHAPE_RULE``, the usual cause).
 
 Sequence rules: every (re)connection empties the node and replays from 0 (a reconnect may be a
 restarted vLLM). A live sequence number not above the previous live one means the publisher
@@ -32,12 +34,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
 
 from routing.cache.kv_events.decoder import BatchError, Removed, Stored, decode_batch
 from routing.cache.precise_index import PreciseIndex
+from routing.contract import KVEventsSpec
 
 logger = logging.getLogger("routing.kv_events")
 
@@ -46,6 +50,16 @@ MAX_LAG_S = 5.0  # events older than this on arrival: the node is treated as app
 RESYNC_S = 30.0  # after an unrecoverable gap, approximate for this long while the index refills
 REPLAY_TIMEOUT_S = 2.0
 END_SEQ = -1
+# A node this gateway sent SILENT_MIN_REQUESTS answered requests, the first SILENT_AFTER_S ago,
+# without one event since: its events do not reach us (most often the endpoint shape, below).
+SILENT_MIN_REQUESTS = 3
+SILENT_AFTER_S = 60.0
+ENDPOINT_SHAPE_RULE = (
+    "vLLM binds its KV-events endpoint only when it contains '*', '::' or ipc:// (tcp://*:PORT) and "
+    "otherwise connects out to it: gateways connect to a bound one (tcp://NODE_HOST:PORT), and a "
+    "connect-out endpoint must be bound by gorgo's relay (python -m routing.cache.kv_relay), which "
+    "gateways then subscribe to"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +80,8 @@ class NodeEventStats:
     last_lag_s: float | None = None
     last_event_at: float | None = None  # unix s of the last batch received
     connected: bool = False
+    served_since_event: int = 0  # requests the node answered through this gateway since the last batch
+    waiting_since: float | None = None  # unix s of the first of those
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +91,27 @@ class EventSource:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+
+    @classmethod
+    def of_node(cls, spec: KVEventsSpec, base_url: str) -> EventSource:
+        """The node's endpoints as this gateway connects to them: vLLM's own ``tcp://*:P`` (what it
+        binds) names the node's host, taken from its ``base_url``."""
+        host = urlsplit(base_url).hostname or "127.0.0.1"
+        return cls(
+            connectable(spec.endpoint, host),
+            connectable(spec.replay_endpoint, host) if spec.replay_endpoint else None,
+            spec.topic,
+        )
+
+
+def connectable(endpoint: str, node_host: str) -> str:
+    """``tcp://*:P``, ``tcp://0.0.0.0:P`` or ``tcp://[::]:P`` (a bind address) -> ``tcp://NODE_HOST:P``."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint  # ipc:// is a path on the node's host: usable as it is
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    if host not in ("*", "0.0.0.0", "::", "[::]"):
+        return endpoint
+    return f"tcp://[{node_host}]:{port}" if ":" in node_host else f"tcp://{node_host}:{port}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,12 +142,41 @@ class NodeSubscriber:
         self._resync_until = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._silent_logged = False
 
     # ---- mode ---------------------------------------------------------------------------------
 
+    def note_served(self, now_s: float) -> None:
+        """The node answered a request this gateway sent it (its cache changed: events are due)."""
+        stats = self.stats
+        stats.served_since_event += 1
+        if stats.waiting_since is None:
+            stats.waiting_since = now_s
+
+    def silent(self, now_s: float) -> bool:
+        """Requests were served and no event came for ``SILENT_AFTER_S``: the events are lost."""
+        stats = self.stats
+        silent = (
+            stats.served_since_event >= SILENT_MIN_REQUESTS
+            and stats.waiting_since is not None
+            and now_s - stats.waiting_since >= SILENT_AFTER_S
+        )
+        if silent and not self._silent_logged:
+            self._silent_logged = True
+            logger.warning(
+                "node %s answered %d requests through this gateway in %.0f s and sent no KV event on "
+                "%s; it is routed approximately. %s.",
+                self.node_id,
+                stats.served_since_event,
+                now_s - stats.waiting_since,
+                self.source.endpoint,
+                ENDPOINT_SHAPE_RULE,
+            )
+        return silent
+
     def mode(self, now_s: float) -> Mode:
         stats = self.stats
-        if not stats.connected or now_s < self._resync_until:
+        if not stats.connected or now_s < self._resync_until or self.silent(now_s):
             return "approximate"
         if self._expected is None and self.source.replay_endpoint:
             return "approximate"  # the replay of what it already holds is not done yet
@@ -230,6 +296,9 @@ class NodeSubscriber:
         now = self._clock()
         stats.received += len(batch.events) + batch.unknown
         stats.last_event_at = now
+        stats.served_since_event = 0
+        stats.waiting_since = None
+        self._silent_logged = False
         stats.last_lag_s = max(0.0, now - batch.ts)
         if batch.unknown:
             stats.dropped["unknown_event"] += batch.unknown
