@@ -323,6 +323,9 @@ class ModelSpec(msgspec.Struct, frozen=True):
     # The name is a LoRA adapter's (vLLM --lora-modules): vLLM hashes it into every block, so its
     # blocks are its own (routing.cache.precise_index.Tenant).
     lora_adapter: bool = False
+    # The model's folder on the gateway hosts (tokenizer.json, tokenizer_config.json with its chat
+    # template, config.json): the tokenizer and template come from it (routing.cache.model_folder).
+    model_folder: str | None = None
 
 
 class KVEventsSpec(msgspec.Struct, frozen=True):

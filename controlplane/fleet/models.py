@@ -57,6 +57,13 @@ class LLMModel(Audited, models.Model):
         blank=True,
         help_text="Path of the model's Jinja chat template (Hugging Face format) on the gateway hosts.",
     )
+    model_folder = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="The model's folder on the gateway hosts, as vLLM loads it (tokenizer.json, "
+        "tokenizer_config.json with the chat template, config.json). Gives the tokenizer and the "
+        "chat template the two paths above leave empty.",
+    )
     lora_adapter = models.BooleanField(
         default=False,
         help_text="The name is a LoRA adapter's (vLLM --lora-modules NAME=PATH): vLLM keeps its cached "
@@ -73,7 +80,7 @@ class LLMModel(Audited, models.Model):
 
     def clean(self) -> None:
         super().clean()
-        if self.chat_template_path and not self.tokenizer_path:
+        if self.chat_template_path and not (self.tokenizer_path or self.model_folder):
             raise ValidationError(
                 {"tokenizer_path": "A chat template needs the tokenizer it was written for."}
             )

@@ -65,6 +65,7 @@ class KVAwareIndex:
         self._last_modes: dict[int, Mode] = {}
         self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
         self.last_prediction: tuple[int, Mode, int] | None = None  # node, mode, predicted tokens
+        self._block_sizes: dict[int, int] = {}  # node -> its model's kv_block_size (the snapshot)
         self._key_cache: OrderedDict[tuple[int, int, int, Tenant | None], list[int]] = OrderedDict()
         # node -> mode -> [predicted tokens, actual tokens]
         self.cached_tokens: dict[tuple[int, Mode], list[int]] = defaultdict(lambda: [0, 0])
@@ -112,7 +113,7 @@ class KVAwareIndex:
                 text_hashes = self.approx.chunk_hashes(prompt_text)
             by_size: dict[int, list[int]] = defaultdict(list)
             for node_id in precise_nodes:
-                by_size[index.block_size(node_id) or 16].append(node_id)
+                by_size[self.block_size(node_id)].append(node_id)
             for block_size, nodes in by_size.items():
                 keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size, tenant)
                 self._last_keys[block_size] = keys
@@ -138,6 +139,14 @@ class KVAwareIndex:
                         result[node_id] = int(tokens * trust(node_id, now))
         self._last_matched = raw
         return result
+
+    def set_block_sizes(self, block_sizes: dict[int, int]) -> None:
+        """Node id -> its model's ``kv_block_size`` from the snapshot (until its events say)."""
+        self._block_sizes = dict(block_sizes)
+
+    def block_size(self, node_id: int) -> int:
+        """The node's block size: as its events report it, else its model's, else vLLM's GPU 16."""
+        return self.events.index.block_size(node_id) or self._block_sizes.get(node_id) or 16
 
     def _keys_for(
         self, prompt_ids: array, block_size: int, num_blocks: int, tenant: Tenant | None = None
@@ -179,7 +188,7 @@ class KVAwareIndex:
                     (now + PENDING_S, tuple(self.approx.chunk_hashes(prompt_text)))
                 )
             return
-        keys = self._last_keys.get(self.events.index.block_size(node_id) or 16)
+        keys = self._last_keys.get(self.block_size(node_id))
         held = self._last_held.get(node_id, 0)
         if keys and held < len(keys):
             pending = self._pending[node_id]

@@ -28,11 +28,11 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from routing.cache.model_folder import read_chat_template_source
 from routing.cache.precise_index import Tenant
 
 logger = logging.getLogger("routing.tokenization")
@@ -109,7 +109,8 @@ class ModelTokenizer:
         self._template = None
         if chat_template_path:
             try:
-                source = Path(chat_template_path).read_text(encoding="utf-8")
+                # A .jinja file, a tokenizer_config.json, or a model folder (its config first).
+                source = read_chat_template_source(chat_template_path)
                 # Hugging Face's settings for chat templates (transformers' apply_chat_template).
                 environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
                 environment.globals["raise_exception"] = _raise

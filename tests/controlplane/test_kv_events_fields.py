@@ -72,3 +72,13 @@ def test_a_chat_template_without_its_tokenizer_is_refused(operator_client, fleet
     )
     assert response.status_code == 400
     assert "tokenizer_path" in response.json()
+
+
+def test_a_models_folder_and_lora_flag_are_compiled_into_the_snapshot(operator_client, fleet, live) -> None:
+    model = fleet.model
+    response = operator_client.patch(
+        f"/api/v1/models/{model.pk}/", {"model_folder": "/models/llama", "lora_adapter": True}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    compiled = next(m for m in live().models if m.name == LLAMA)
+    assert compiled.model_folder == "/models/llama" and compiled.lora_adapter and compiled.tokenizer is None

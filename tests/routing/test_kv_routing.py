@@ -9,9 +9,9 @@ import re
 
 import msgspec
 
-from routing.contract import GorgoParams, KVEventsSpec, ModelSpec, TokenizerSpec
+from routing.contract import GorgoParams, KVEventsSpec, ModelSpec
 from simulator.fleet import Fleet
-from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import MODEL_FILES_DIR
 from simulator.text import text_of_tokens
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.routing.support import (
@@ -49,8 +49,9 @@ def snapshot_for(fleet: Fleet, *, tokenizer: bool):
         nodes.append(node)
     snapshot = make_snapshot(tuple(nodes), params=GorgoParams())
     if tokenizer:
-        spec = TokenizerSpec(str(TOKENIZER_PATH), str(CHAT_TEMPLATE_PATH))
-        snapshot = msgspec.structs.replace(snapshot, models=(ModelSpec(MODEL, 16, 8192, tokenizer=spec),))
+        # Configured by its folder, as a real model is: tokenizer.json, tokenizer_config.json.
+        model = ModelSpec(MODEL, 16, 8192, model_folder=str(MODEL_FILES_DIR))
+        snapshot = msgspec.structs.replace(snapshot, models=(model,))
     return snapshot
 
 
