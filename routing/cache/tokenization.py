@@ -12,10 +12,12 @@ Cost. A Hugging Face tokenizer needs ~1 µs per token (7 ms for 8k tokens), seve
 routing budget. But the special tokens a chat template puts between messages are split out before
 anything else, so the text between two of them tokenizes on its own: each such segment's ids are
 cached (LRU, bounded in entries and tokens), and a request pays only for segments it is the first
-to bring (a new user turn). A new segment longer than ``cold_budget_chars`` is not tokenized on
-the request path: the ids stop before it (the match can only be shorter: an under-estimate) and
-the segment is tokenized on a worker thread right after, so the next request that carries it
-finds it cached.
+to bring (a new user turn). A long segment that begins like one tokenized before (a conversation
+rendered as one piece, one turn longer) reuses the ids of its longest checkpointed beginning, up to
+a safe boundary, and tokenizes only the rest (``_checkpoints``). More than ``cold_budget_chars``
+new characters are not tokenized on the request path: the ids stop before them (the match can
+only be shorter: an under-estimate) and the segment is tokenized on a worker thread right after,
+so the next request that carries it finds it cached.
 """
 
 from __future__ import annotations
@@ -31,15 +33,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import xxhash
 
 from routing.cache.model_folder import read_chat_template_source
 from routing.cache.precise_index import Tenant
 
 logger = logging.getLogger("routing.tokenization")
 
-DEFAULT_COLD_BUDGET_CHARS = 4096  # ~1k tokens, ~0.5 ms: what a request may tokenize inline
+DEFAULT_COLD_BUDGET_CHARS = 4096  # ~1k tokens, ~1 ms: new text a request may tokenize inline
 CACHE_MAX_SEGMENTS = 4096
 CACHE_MAX_TOKENS = 8_000_000  # ~32 MB of ids
+# Long segments: every CHECKPOINT_CHARS characters, the ids up to a safe boundary before that
+# point, found again by a digest of the text up to it (so a longer text that begins alike reuses
+# them and tokenizes only the rest).
+CHECKPOINT_CHARS = 1024
+CHECKPOINTS_MAX = 65_536
+# A safe boundary: just after a line break that a letter follows. A regex pre-tokenizer (GPT-2,
+# Llama 3, the emulated model's) ends a piece there and scans no further to decide it, so the ids
+# before it do not depend on what follows the letter.
+_SAFE_BOUNDARY = re.compile(r"\n(?=[^\W\d_])")
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 _EOS_NAMES = ("<|eot_id|>", "<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>")
 
@@ -138,6 +150,10 @@ class ModelTokenizer:
         self._cache_tokens = 0
         self._queued: set[str] = set()
         self.cold_segments_deferred = 0
+        # (chars up to the checkpoint, digest of them) -> (boundary char, ids before it, the ids)
+        self._checkpoints: OrderedDict[tuple[int, int], tuple[int, int, array]] = OrderedDict()
+        self._prefix_reuse = self._boundaries_are_safe()
+        self.reused_chars = 0  # characters whose ids came from a checkpoint (for the benchmark)
 
     # ---- the request path ---------------------------------------------------------------------
 
@@ -199,18 +215,67 @@ class ModelTokenizer:
                 cache.move_to_end(part)
                 ids.extend(cached)
                 continue
-            cold_chars += len(part)
+            start, reused, known = self._longest_known_prefix(part)
+            cold_chars += len(part) - start
             if cold_chars > self._cold_budget:
                 self._defer(part)
                 return PromptIds(ids, False)
-            encoded = self._encode(part)
-            ids.extend(encoded)
+            ids.extend(self._encode(part, start, reused, known))
         return PromptIds(ids, True)
 
-    def _encode(self, segment: str) -> array:
-        encoded = array("I", self._tokenizer.encode(segment, add_special_tokens=False).ids)
+    # ---- long segments: reuse the ids of the longest known beginning ---------------------------
+
+    def _boundaries_are_safe(self) -> bool:
+        """Whether this tokenizer's ids split at ``_SAFE_BOUNDARY`` (checked on probe texts)."""
+        probes = (
+            "Hello world.\nThe end",
+            "a  b\n\nSecond  line,\nthird",
+            "x = 1\n    return y\nz",
+            "words\nwords and more words\nok",
+        )
+        encode = self._tokenizer.encode
+        for text in probes:
+            for match in _SAFE_BOUNDARY.finditer(text):
+                cut = match.end()
+                whole = encode(text, add_special_tokens=False).ids
+                if (
+                    whole
+                    != encode(text[:cut], add_special_tokens=False).ids
+                    + encode(text[cut:], add_special_tokens=False).ids
+                ):
+                    return False
+        return True
+
+    def _longest_known_prefix(self, part: str) -> tuple[int, int, array | None]:
+        """(boundary char, ids before it, the ids holding them) of the longest checkpointed
+        beginning of ``part``; (0, 0, None) when none."""
+        if not self._prefix_reuse or len(part) < CHECKPOINT_CHARS:
+            return 0, 0, None
+        checkpoints = self._checkpoints
+        for chars, digest in reversed(_digests(part)):
+            found = checkpoints.get((chars, digest))
+            if found is not None:
+                checkpoints.move_to_end((chars, digest))
+                return found
+        return 0, 0, None
+
+    def _encode(self, segment: str, start: int = 0, reused: int = 0, known: array | None = None) -> array:
+        """The segment's ids: ``known[:reused]`` for ``segment[:start]``, the rest tokenized."""
+        encoding = self._tokenizer.encode(segment[start:], add_special_tokens=False)
+        encoded = array("I", known[:reused]) if known is not None else array("I")
+        encoded.extend(encoding.ids)
+        self.reused_chars += start
         self._remember(segment, encoded)
+        if self._prefix_reuse and len(segment) >= CHECKPOINT_CHARS:
+            self._add_checkpoints(_checkpoints(segment, start, reused, encoding.offsets), encoded)
         return encoded
+
+    def _add_checkpoints(self, found: list[tuple[int, int, int, int]], encoded: array) -> None:
+        checkpoints = self._checkpoints
+        for chars, digest, boundary, count in found:
+            checkpoints[(chars, digest)] = (boundary, count, encoded)
+        while len(checkpoints) > CHECKPOINTS_MAX:
+            checkpoints.popitem(last=False)
 
     def _remember(self, segment: str, encoded: array) -> None:
         cache = self._cache
@@ -222,6 +287,20 @@ class ModelTokenizer:
             _, dropped = cache.popitem(last=False)
             self._cache_tokens -= len(dropped)
 
+    def _encode_elsewhere(
+        self, segment: str, start: int, reused: int, known: array | None
+    ) -> tuple[array, list[tuple[int, int, int, int]]]:
+        """``_encode`` on the worker thread: computes, the loop's thread stores."""
+        encoding = self._tokenizer.encode(segment[start:], add_special_tokens=False)
+        encoded = array("I", known[:reused]) if known is not None else array("I")
+        encoded.extend(encoding.ids)
+        found = (
+            _checkpoints(segment, start, reused, encoding.offsets)
+            if self._prefix_reuse and len(segment) >= CHECKPOINT_CHARS
+            else []
+        )
+        return encoded, found
+
     def _defer(self, segment: str) -> None:
         self.cold_segments_deferred += 1
         if self._background is None or segment in self._queued or len(self._queued) > 64:
@@ -231,14 +310,15 @@ class ModelTokenizer:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        future = self._background.submit(
-            self._tokenizer.encode_batch_fast, [segment], add_special_tokens=False
-        )
+        start, reused, known = self._longest_known_prefix(segment)
+        future = self._background.submit(self._encode_elsewhere, segment, start, reused, known)
 
         def store(result: Any) -> None:
             self._queued.discard(segment)
             if not result.cancelled() and result.exception() is None:
-                self._remember(segment, array("I", result.result()[0].ids))
+                encoded, found = result.result()
+                self._remember(segment, encoded)
+                self._add_checkpoints(found, encoded)
 
         def done(result: Any) -> None:
             # The cache belongs to the event loop's thread: hand the result over to it.
@@ -253,6 +333,43 @@ class ModelTokenizer:
 def _salted(ids: PromptIds, cache_salt: str | None) -> PromptIds:
     # vLLM refuses an empty salt (400): such a request is never cached, its keys do not matter.
     return PromptIds(ids.ids, ids.complete, Tenant(None, cache_salt)) if cache_salt else ids
+
+
+def _digests(text: str) -> list[tuple[int, int]]:
+    """(chars, xxh3 of ``text[:chars]``) at every ``CHECKPOINT_CHARS`` characters, in one pass."""
+    state = xxhash.xxh3_64()
+    digests = []
+    for end in range(CHECKPOINT_CHARS, len(text) + 1, CHECKPOINT_CHARS):
+        state.update(text[end - CHECKPOINT_CHARS : end].encode("utf-8", "surrogatepass"))
+        digests.append((end, state.intdigest()))
+    return digests
+
+
+def _checkpoints(
+    segment: str, start: int, reused: int, offsets: list[tuple[int, int]]
+) -> list[tuple[int, int, int, int]]:
+    """(chars, digest, boundary, ids before it) for the checkpoints of ``segment`` past ``start``.
+
+    ``offsets``: the character spans of the ids of ``segment[start:]``; a boundary counts only
+    where an id ends exactly (a piece boundary), the last safe one before the checkpoint.
+    """
+    ends = {end + start: index + 1 for index, (_begin, end) in enumerate(offsets)}
+    boundaries = [
+        (match.end(), ends[match.end()])
+        for match in _SAFE_BOUNDARY.finditer(segment, start)
+        if match.end() in ends
+    ]
+    found: list[tuple[int, int, int, int]] = []
+    position = 0
+    latest: tuple[int, int] | None = None
+    for chars, digest in _digests(segment):
+        # The boundary's letter must lie inside the checkpointed text: boundary < chars.
+        while position < len(boundaries) and boundaries[position][0] < chars:
+            latest = boundaries[position]
+            position += 1
+        if latest is not None and latest[0] > start:
+            found.append((chars, digest, latest[0], reused + latest[1]))
+    return found
 
 
 def _content_text(content: str | list[_Part] | None) -> str:
