@@ -6,8 +6,9 @@ vLLM binds its KV-events endpoint only when it contains ``*``, ``::`` or ``ipc:/
 consumer must bind. Only one socket can bind that address, yet every gateway needs every event: so
 one relay per such node binds it (``--listen``, a SUB socket vLLM's PUB connects to) and binds a
 PUB socket of its own (``--publish``) which the node's ``kv_events_endpoint`` names for the
-gateways. Frames pass unchanged (topic, sequence, payload): a restarted vLLM shows through as its
-sequence going back to 0, which the gateways read as a restart (``subscriber``). Replay is not
+gateways. Frames pass unchanged (topic, sequence, payload). When vLLM's connection drops (it
+stopped or is restarting) the relay sends ``PUBLISHER_GONE_SEQ`` so the gateways forget the node's
+blocks at once; a restart it missed still shows as the sequence going back to 0 (``subscriber``). Replay is not
 relayed: vLLM always binds its replay endpoint, gateways reach it directly.
 
     python -m routing.cache.kv_relay --listen tcp://*:5557 --publish tcp://*:5567
@@ -31,6 +32,9 @@ import zmq.asyncio
 logger = logging.getLogger("routing.kv_relay")
 
 HWM_MESSAGES = 100_000  # as the gateways' SUB sockets: a burst of batches is queued, not dropped
+# Sent to the gateways when a vLLM publisher disconnects (it stopped, or is restarting): topic b"",
+# this sequence number, empty payload. vLLM never sends a negative sequence on its PUB socket.
+PUBLISHER_GONE_SEQ = -2
 
 
 @dataclass(slots=True)
@@ -87,7 +91,13 @@ class KVRelay:
                     self.stats.publishers_connected += 1
                     logger.info("a vLLM publisher connected to %s", self.listen)
                 else:
+                    # The gateways' own connection (to us) stays up: tell them, so they forget
+                    # the node's blocks now rather than at the new process's first batch.
                     logger.info("a vLLM publisher disconnected from %s", self.listen)
+                    with contextlib.suppress(zmq.Again):
+                        await self._pub.send_multipart(
+                            (b"", PUBLISHER_GONE_SEQ.to_bytes(8, "big", signed=True), b""), flags=zmq.NOBLOCK
+                        )
             if self._sub in ready:
                 frames = await self._sub.recv_multipart()
                 with contextlib.suppress(zmq.Again):  # no gateway keeps up: drop, they see a gap

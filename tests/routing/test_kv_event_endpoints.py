@@ -136,3 +136,43 @@ async def test_a_node_that_serves_and_sends_no_event_is_flagged(caplog: pytest.L
     finally:
         await events.close()
         await publisher.stop()
+
+
+async def test_a_connect_out_node_that_stops_is_forgotten_at_once_through_the_relay() -> None:
+    # Behind the relay the gateway's connection never drops: the relay says the vLLM went away,
+    # so a restarting node is neither predicted from its old blocks nor routed precisely.
+    port = free_port()
+    relay = KVRelay(f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:0")
+    relay.start()
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{port}")
+    publisher = Publisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(relay.publish_endpoint)})
+        await wait_for(lambda: relay.stats.publishers_connected == 1 and events.mode(NODE_ID) == "precise")
+        for _attempt in range(50):  # the slow joiner, as above
+            publisher.publish([stored(1)])
+            try:
+                await wait_for(lambda: events.index.blocks(NODE_ID) == 1, 0.2)
+                break
+            except AssertionError:
+                continue
+        await publisher.stop()  # the vLLM process ends
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 0)
+        assert events.mode(NODE_ID) == "approximate"
+
+        publisher = Publisher(config, "127.0.0.1")  # the new process: sequence from 0
+        publisher.start()
+        for _attempt in range(50):
+            publisher.publish([stored(7)])
+            try:
+                await wait_for(lambda: events.index.blocks(NODE_ID) == 1, 0.2)
+                break
+            except AssertionError:
+                continue
+        assert events.mode(NODE_ID) == "precise"
+    finally:
+        await events.close()
+        await publisher.stop()
+        await relay.close()

@@ -14,7 +14,9 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
   ``SILENT_MIN_REQUESTS`` requests through this gateway, the first ``SILENT_AFTER_S`` ago, and no
   event came since (logged once with ``ENDPOINT_SHAPE_RULE``, the usual cause).
 
-Sequence rules: every (re)connection empties the node and replays from 0 (a reconnect may be a
+Sequence rules: a disconnection empties the node (its process may be gone), and so does the
+relay's ``PUBLISHER_GONE_SEQ`` (the node's vLLM disconnected from the relay; approximate until it
+publishes again); every (re)connection empties it and replays from 0 (a reconnect may be a
 restarted vLLM). A live sequence number not above the previous live one means the publisher
 restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
 emptied at once and the new process's earlier batches replayed from 0. Through a relay (the node
@@ -40,6 +42,7 @@ import zmq
 import zmq.asyncio
 
 from routing.cache.kv_events.decoder import BatchError, Removed, Stored, decode_batch
+from routing.cache.kv_relay import PUBLISHER_GONE_SEQ
 from routing.cache.precise_index import PreciseIndex
 from routing.contract import KVEventsSpec
 
@@ -77,6 +80,7 @@ class NodeEventStats:
     resets: int = 0
     restarts: int = 0  # the sequence went back: a new publisher process
     last_restart_at: float | None = None  # unix s the last restart was seen (its index emptied)
+    publisher_gone_at: float | None = None  # unix s the relay last said the node's vLLM disconnected
     last_lag_s: float | None = None
     last_event_at: float | None = None  # unix s of the last batch received
     connected: bool = False
@@ -143,6 +147,7 @@ class NodeSubscriber:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._silent_logged = False
+        self._publisher_gone = False  # the relay said the node's vLLM disconnected
 
     # ---- mode ---------------------------------------------------------------------------------
 
@@ -176,7 +181,7 @@ class NodeSubscriber:
 
     def mode(self, now_s: float) -> Mode:
         stats = self.stats
-        if not stats.connected or now_s < self._resync_until or self.silent(now_s):
+        if not stats.connected or now_s < self._resync_until or self._publisher_gone or self.silent(now_s):
             return "approximate"
         if self._expected is None and self.source.replay_endpoint:
             return "approximate"  # the replay of what it already holds is not done yet
@@ -222,7 +227,11 @@ class NodeSubscriber:
                     if len(frames) != 3 or len(frames[1]) != 8:
                         self.stats.dropped["malformed"] += 1
                         continue
-                    await self._on_message(int.from_bytes(frames[1], "big", signed=True), frames[2])
+                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    if seq == PUBLISHER_GONE_SEQ:
+                        self._on_publisher_gone()
+                        continue
+                    await self._on_message(seq, frames[2])
         except asyncio.CancelledError:
             raise
         except Exception:  # pragma: no cover - a bug; the node falls back to the approximate index
@@ -243,7 +252,17 @@ class NodeSubscriber:
             if self.source.replay_endpoint:
                 await self._replay(0)
         elif event == zmq.EVENT_DISCONNECTED:
+            # The node stopped or restarts: what it held is gone with the process (or will be
+            # replayed on reconnection). Forget it now, not at reconnection.
             self.stats.connected = False
+            self._reset(count=False)
+
+    def _on_publisher_gone(self) -> None:
+        """The relay saw the node's vLLM disconnect: empty, approximate until it publishes again."""
+        self.stats.publisher_gone_at = self._clock()
+        self._publisher_gone = True
+        self._reset(count=False)
+        self._last_live_seq = None
 
     def _on_restart(self, seq: int) -> None:
         self.stats.restarts += 1
@@ -264,6 +283,7 @@ class NodeSubscriber:
             self.stats.resets += 1
 
     async def _on_message(self, seq: int, payload: bytes) -> None:
+        self._publisher_gone = False
         last_live = self._last_live_seq
         self._last_live_seq = seq
         if last_live is not None and seq <= last_live:
