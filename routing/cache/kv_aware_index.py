@@ -246,8 +246,16 @@ class KVAwareIndex:
         # but a node whose queue evicts before admission still falls short (miss-snowball guard).
         self.approx.observe(node_id, predicted_fraction, observed_fraction, now_s)
 
-    def note_served(self, node_id: int) -> None:
-        """The node answered a request (its KV events are due; a node that sends none is flagged)."""
+    def note_served(self, node_id: int, prompt_tokens: int | None, predicted_cached_tokens: int = 0) -> None:
+        """The node answered a request: when the prompt had a full block the index did not show
+        the node holding, vLLM cached it and its event is due (a node that sends none is flagged).
+        A short or fully cached prompt stores no block, and is no sign either way."""
+        block_size = self.block_size(node_id)
+        if (
+            prompt_tokens is None
+            or (prompt_tokens - 1) // block_size <= predicted_cached_tokens // block_size
+        ):
+            return
         self.events.note_served(node_id)
 
     def record_outcome(self, node_id: int, mode: Mode, predicted_tokens: int, actual_tokens: int) -> None:

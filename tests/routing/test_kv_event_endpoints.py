@@ -176,3 +176,28 @@ async def test_a_connect_out_node_that_stops_is_forgotten_at_once_through_the_re
         await events.close()
         await publisher.stop()
         await relay.close()
+
+
+def test_only_requests_that_must_store_a_block_count_toward_silence() -> None:
+    # A prompt shorter than a block, or one the index showed wholly held, stores nothing: its
+    # missing event is no sign of a wrong endpoint.
+    from routing.cache.approx_index import ApproxPrefixIndex
+    from routing.cache.kv_aware_index import KVAwareIndex
+
+    noted: list[int] = []
+
+    class Events:
+        index = KVEvents().index
+
+        def note_served(self, node_id: int) -> None:
+            noted.append(node_id)
+
+    index = KVAwareIndex(ApproxPrefixIndex(), Events())  # type: ignore[arg-type]
+    index.set_block_sizes({NODE_ID: 32})
+    index.note_served(NODE_ID, 20)  # under one block
+    index.note_served(NODE_ID, 100, predicted_cached_tokens=96)  # every full block held
+    index.note_served(NODE_ID, None)  # no usage
+    assert noted == []
+    index.note_served(NODE_ID, 100, predicted_cached_tokens=64)  # block 3 is new
+    index.note_served(NODE_ID, 40)
+    assert noted == [NODE_ID, NODE_ID]

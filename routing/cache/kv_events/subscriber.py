@@ -152,7 +152,8 @@ class NodeSubscriber:
     # ---- mode ---------------------------------------------------------------------------------
 
     def note_served(self, now_s: float) -> None:
-        """The node answered a request this gateway sent it (its cache changed: events are due)."""
+        """The node answered a request this gateway sent it that must have stored a block (the
+        caller, ``KVAwareIndex.note_served``, leaves out short and wholly cached prompts)."""
         stats = self.stats
         stats.served_since_event += 1
         if stats.waiting_since is None:
