@@ -30,6 +30,7 @@ from routing.cache.kv_events.collector import KVEventsCollector
 from routing.cache.kv_events.manager import KVEvents
 from routing.cache.kv_events.report import report_kv_state
 from routing.cache.kv_events.subscriber import EventSource
+from routing.cache.model_folder import tokenizer_files
 from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
 from routing.cache.token_ratio import CharsPerToken
 from routing.cache.tokenization import Tokenizers
@@ -353,17 +354,22 @@ class Gateway:
         """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
         _resize_index(self.index, table, self.chars_per_token)
         snapshot = table.snapshot
+        files = {model.name: tokenizer_files(model) for model in snapshot.models}
         self.tokenizers.sync(
+            {name: paths for name, paths in files.items() if paths is not None},
+            lora_adapters={model.name for model in snapshot.models if model.lora_adapter},
+        )
+        # The block size the index keys a node's prompts with before its first event says it.
+        block_sizes = {model.name: model.kv_block_size for model in snapshot.models}
+        self.index.set_block_sizes(
             {
-                model.name: (model.tokenizer.tokenizer_path, model.tokenizer.chat_template_path)
-                for model in snapshot.models
-                if model.tokenizer is not None
+                node.id: block_sizes[node.models[0]]
+                for node in snapshot.nodes
+                if node.models and node.models[0] in block_sizes
             }
         )
         sources = {
-            node.id: EventSource(
-                node.kv_events.endpoint, node.kv_events.replay_endpoint, node.kv_events.topic
-            )
+            node.id: EventSource.of_node(node.kv_events, node.base_url)
             for node in snapshot.nodes
             if node.kv_events is not None
         }

@@ -320,6 +320,12 @@ class ModelSpec(msgspec.Struct, frozen=True):
     kv_block_size: int
     max_context_tokens: int
     tokenizer: TokenizerSpec | None = None  # None: the model is routed on the approximate index
+    # The name is a LoRA adapter's (vLLM --lora-modules): vLLM hashes it into every block, so its
+    # blocks are its own (routing.cache.precise_index.Tenant).
+    lora_adapter: bool = False
+    # The model's folder on the gateway hosts (tokenizer.json, tokenizer_config.json with its chat
+    # template, config.json): the tokenizer and template come from it (routing.cache.model_folder).
+    model_folder: str | None = None
 
 
 class KVEventsSpec(msgspec.Struct, frozen=True):
@@ -619,6 +625,7 @@ class NodeKVState(msgspec.Struct, frozen=True):
     blocks: int = 0
     gaps: int = 0
     received: int = 0
+    silent: bool = False  # answered requests through the gateway and sent no event for a while
 
 
 class GatewayKVState(msgspec.Struct, frozen=True):

@@ -12,8 +12,9 @@ first if needed (scripts/ensure_vllm.py: ~4 minutes once). Stops its servers, by
 groups, on SIGINT/SIGTERM.
 
 Real servers do not emulate WAN delay, cannot be crashed through the simulator's control API, and
-use 32-token blocks where the demo model says 16: the gateway's precise index is exact for them
-only once it takes the block size from the events (issue 26, phase 2).
+use 32-token blocks where the demo model says 16: the gateway's precise index takes a node's block
+size from its events (the replay on subscription included), the model's ``kv_block_size`` only
+before the node has sent any.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ import sys
 from hashlib import blake2b
 from pathlib import Path
 
+from routing.cache.model_folder import read_chat_template  # noqa: F401  (one reader, the gateway's)
+
 MODEL_FILES_DIR = Path(__file__).resolve().parent / "model_files"
 TOKENIZER_PATH = MODEL_FILES_DIR / "tokenizer.json"
 CHAT_TEMPLATE_PATH = MODEL_FILES_DIR / "chat_template.jinja"
@@ -171,23 +173,6 @@ def build_tokenizer_config_json() -> str:
         "chat_template": CHAT_TEMPLATE,
     }
     return json.dumps(config, ensure_ascii=False, indent=2) + "\n"
-
-
-def read_chat_template(folder: Path) -> str:
-    """A model folder's chat template: ``tokenizer_config.json``'s ``chat_template`` (a string,
-    or the one named "default" in a list of named templates), else ``chat_template.jinja``."""
-    config_path = folder / "tokenizer_config.json"
-    if config_path.is_file():
-        template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
-        if isinstance(template, list):
-            named = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}
-            template = named.get("default")
-        if isinstance(template, str) and template:
-            return template
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    raise FileNotFoundError(f"{folder} has no chat template (tokenizer_config.json or chat_template.jinja)")
 
 
 def write_files(directory: Path = MODEL_FILES_DIR) -> None:

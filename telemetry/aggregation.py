@@ -162,6 +162,7 @@ class BucketDelta:
     node_stats_count: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_reported_prompt_tokens: int = 0  # prompt tokens of the records that reported cached_tokens
     predicted_cached_tokens: int = 0
     usage_count: int = 0
     prediction_count: int = 0
@@ -197,7 +198,10 @@ class Contribution:
         if record.prompt_tokens is not None:
             delta.usage_count += 1
             delta.prompt_tokens += record.prompt_tokens
-            delta.cached_tokens += record.cached_tokens or 0
+            if record.cached_tokens is not None:
+                # vLLM without --enable-prompt-tokens-details reports no cached_tokens: not 0.
+                delta.cached_tokens += record.cached_tokens
+                delta.cached_reported_prompt_tokens += record.prompt_tokens
         else:
             delta.prompt_tokens += record.prompt_tokens_est
         if record.cost is not None:
@@ -428,6 +432,7 @@ SUMMED_FIELDS = (
     "node_stats_count",
     "prompt_tokens",
     "cached_tokens",
+    "cached_reported_prompt_tokens",
     "predicted_cached_tokens",
     "usage_count",
     "prediction_count",

@@ -210,6 +210,11 @@ class RequestAggregate(KeptNamesMixin, models.Model):
     node_stats_count = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens routed.")
     cached_tokens = models.PositiveBigIntegerField(default=0, help_text="Prompt tokens the node had cached.")
+    cached_reported_prompt_tokens = models.PositiveBigIntegerField(
+        default=0,
+        help_text="Prompt tokens of the requests whose node reported cached_tokens (vLLM reports "
+        "them only with --enable-prompt-tokens-details): the hit rate's denominator.",
+    )
     predicted_cached_tokens = models.PositiveBigIntegerField(
         default=0, help_text="Prompt tokens the router expected to be cached (cost.matched_tokens)."
     )
@@ -283,8 +288,8 @@ class RequestAggregate(KeptNamesMixin, models.Model):
 
     @property
     def cache_hit_rate(self) -> float | None:
-        """cached_tokens / prompt_tokens."""
-        return _ratio(self.cached_tokens, self.prompt_tokens)
+        """cached_tokens / the prompt tokens of the requests that reported them (None: none did)."""
+        return _ratio(self.cached_tokens, self.cached_reported_prompt_tokens)
 
 
 def _ratio(part: float, whole: float) -> float | None:

@@ -88,6 +88,7 @@ class KVIndexState:
     lag_s: float | None  # the largest event lag any gateway saw
     blocks: int  # blocks the index holds for it (largest over gateways)
     gateways: int
+    silent: bool = False  # some gateway sent it requests and got no KV event for a while
 
 
 def kv_index_states() -> dict[int, KVIndexState]:
@@ -117,6 +118,7 @@ def kv_index_states() -> dict[int, KVIndexState]:
             lag_s=max(lags) if lags else None,
             blocks=max(state.blocks for state in states),
             gateways=len(states),
+            silent=any(state.silent for state in states),
         )
     return result
 

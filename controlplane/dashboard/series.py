@@ -285,11 +285,14 @@ def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
         .values_list("node_id", "ts", "prefix_hits_tokens", "prefix_queries_tokens", "kv_cache_usage")
         .iterator(chunk_size=5000)
     )
+    counters: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])  # node -> hits, queries
     for node_id, ts, hits, queries, kv in rows:
         cell = acc[node_id][(ts.timestamp() // step_s) * step_s]
         if queries:
             cell[0] += hits or 0.0
             cell[1] += queries
+            counters[node_id][0] += hits or 0.0
+            counters[node_id][1] += queries
         if kv is not None:
             cell[2] += kv
             cell[3] += 1
@@ -312,15 +315,33 @@ def cache(window: Window, now_s: float | None = None) -> dict[str, Any]:
         "window": window.key,
         "step_s": step_s,
         "series": series,
-        "routed": {
-            key: {
-                "prompt_tokens": m.sums["prompt_tokens"],
-                "predicted_cached_tokens": m.sums["predicted_cached_tokens"],
-                "cached_tokens": m.sums["cached_tokens"],
-                "count": m.count,
-            }
-            for key, m in routed.items()
-        },
+        "routed": {key: _routed(m, counters.get(int(key))) for key, m in routed.items()},
+    }
+
+
+def _routed(merged: Merged, counters: list[float] | None) -> dict[str, Any]:
+    """A node's routed vs hit tokens. Requests whose node reported no ``cached_tokens`` (vLLM
+    without --enable-prompt-tokens-details) are not 0 % hits: their share is estimated from the
+    node's own prefix-cache counters over the window (``/metrics``), and ``cached_source`` says
+    which: "usage", "metrics", "usage+metrics", or None when neither is known."""
+    sums = merged.sums
+    prompt = sums["prompt_tokens"]
+    reported = min(sums["cached_reported_prompt_tokens"], prompt)
+    cached: float | None = sums["cached_tokens"] if reported else None
+    source = "usage" if reported else None
+    unreported = prompt - reported
+    if unreported > 0:
+        if counters is not None and counters[1]:
+            cached = (cached or 0) + round(unreported * counters[0] / counters[1])
+            source = "usage+metrics" if reported else "metrics"
+        elif not reported:
+            cached = None
+    return {
+        "prompt_tokens": prompt,
+        "predicted_cached_tokens": sums["predicted_cached_tokens"],
+        "cached_tokens": cached,
+        "cached_source": source,
+        "count": merged.count,
     }
 
 

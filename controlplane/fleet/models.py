@@ -11,10 +11,11 @@ slug_validator = RegexValidator(
     r"^[a-z0-9]+(?:-[a-z0-9]+)*$", "Use lower-case letters, digits and single hyphens (e.g. us-east)."
 )
 http_url_validator = URLValidator(schemes=["http", "https"])
-# What a gateway connects to: a concrete host and port (vLLM's "tcp://*:5557" is what the node binds).
+# What a gateway connects to: a host and port, or vLLM's own bind address "tcp://*:5557", which
+# gateways read as the node's host (routing.cache.kv_events.subscriber.connectable).
 zmq_endpoint_validator = RegexValidator(
-    r"^tcp://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):[0-9]{1,5}$",
-    "Give tcp://HOST:PORT as gateways reach it (not the node's tcp://*:PORT bind address).",
+    r"^tcp://(?:\*|[A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):[0-9]{1,5}$",
+    "Give tcp://HOST:PORT as gateways reach it, or vLLM's tcp://*:PORT (the node's host).",
 )
 
 
@@ -56,6 +57,18 @@ class LLMModel(Audited, models.Model):
         blank=True,
         help_text="Path of the model's Jinja chat template (Hugging Face format) on the gateway hosts.",
     )
+    model_folder = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="The model's folder on the gateway hosts, as vLLM loads it (tokenizer.json, "
+        "tokenizer_config.json with the chat template, config.json). Gives the tokenizer and the "
+        "chat template the two paths above leave empty.",
+    )
+    lora_adapter = models.BooleanField(
+        default=False,
+        help_text="The name is a LoRA adapter's (vLLM --lora-modules NAME=PATH): vLLM keeps its cached "
+        "blocks apart from the base model's, and so do gateways.",
+    )
 
     class Meta:
         # The class was called ``Model`` before; the table keeps its name.
@@ -67,7 +80,7 @@ class LLMModel(Audited, models.Model):
 
     def clean(self) -> None:
         super().clean()
-        if self.chat_template_path and not self.tokenizer_path:
+        if self.chat_template_path and not (self.tokenizer_path or self.model_folder):
             raise ValidationError(
                 {"tokenizer_path": "A chat template needs the tokenizer it was written for."}
             )
@@ -104,8 +117,10 @@ class Node(Audited, models.Model):
         max_length=300,
         blank=True,
         validators=[zmq_endpoint_validator],
-        help_text="Where gateways subscribe to the node's vLLM KV-cache events (--kv-events-config "
-        "endpoint, e.g. tcp://10.0.0.5:5557). Empty: routed on the approximate prefix index.",
+        help_text="Where gateways subscribe to the node's vLLM KV-cache events: its --kv-events-config "
+        "endpoint when vLLM binds it (tcp://*:5557, read as the node's host), else the publish "
+        "endpoint of the gorgo relay that binds it (python -m routing.cache.kv_relay). Empty: "
+        "routed on the approximate prefix index.",
     )
     kv_events_replay_endpoint = models.CharField(
         max_length=300,

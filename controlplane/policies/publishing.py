@@ -110,6 +110,8 @@ def compile_spec(spec: PolicySpec) -> PolicySnapshot:
             tokenizer=(
                 TokenizerSpec(m.tokenizer_path, m.chat_template_path or None) if m.tokenizer_path else None
             ),
+            lora_adapter=m.lora_adapter,
+            model_folder=m.model_folder or None,
         )
         for m in LLMModel.objects.order_by("name")
     )

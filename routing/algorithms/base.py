@@ -61,11 +61,17 @@ _NO_LOAD = NodeLoad()
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The chosen node and, where the algorithm models them, the cost terms."""
+    """The chosen node and, where the algorithm models them, the cost terms.
+
+    ``prediction`` (node, index mode, predicted cached tokens) is set by the gateway, only when the
+    decision consulted the prefix index for this very request: the request record and the
+    predicted-vs-actual metrics compare it with what the node reports.
+    """
 
     node: NodeSpec
     cost: CostTerms | None = None
     runner_up: CostTerms | None = None
+    prediction: tuple[int, str, int] | None = None
 
 
 AlgorithmFn = Callable[[RoutingView, RoutingRequest], Decision]

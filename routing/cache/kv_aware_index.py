@@ -12,8 +12,9 @@ One object behind the gateway's ``PrefixIndex`` hook, per node:
   for every node, so a node falling back finds it warm.
 
 ``last_prediction`` holds the chosen node's predicted cached tokens and mode of the decision just
-made, which the proxy compares with the node's ``usage.prompt_tokens_details.cached_tokens``
-(``record_outcome``) for the predicted-vs-actual metrics.
+made (``insert``); the proxy puts it on that request's ``Decision`` at once and compares it with
+the node's ``usage.prompt_tokens_details.cached_tokens`` (``record_outcome``) for the
+predicted-vs-actual metrics.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from xxhash import xxh3_64_intdigest
 from routing.cache.approx_index import ApproxPrefixIndex
 from routing.cache.kv_events.manager import KVEvents
 from routing.cache.kv_events.subscriber import Mode
-from routing.cache.precise_index import block_keys, extend_block_keys
+from routing.cache.precise_index import Tenant, block_keys, extend_block_keys
 from routing.contract import NodeSpec
 
 PENDING_S = 2.0
@@ -64,7 +65,8 @@ class KVAwareIndex:
         self._last_modes: dict[int, Mode] = {}
         self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
         self.last_prediction: tuple[int, Mode, int] | None = None  # node, mode, predicted tokens
-        self._key_cache: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()
+        self._block_sizes: dict[int, int] = {}  # node -> its model's kv_block_size (the snapshot)
+        self._key_cache: OrderedDict[tuple[int, int, int, Tenant | None], list[int]] = OrderedDict()
         # node -> mode -> [predicted tokens, actual tokens]
         self.cached_tokens: dict[tuple[int, Mode], list[int]] = defaultdict(lambda: [0, 0])
 
@@ -82,7 +84,11 @@ class KVAwareIndex:
     # ---- the gateway's hook -------------------------------------------------------------------
 
     def match(
-        self, node_ids: Sequence[int], prompt_text: str, prompt_ids: array | None = None
+        self,
+        node_ids: Sequence[int],
+        prompt_text: str,
+        prompt_ids: array | None = None,
+        tenant: Tenant | None = None,
     ) -> dict[int, int]:
         now = self._clock()
         events = self.events
@@ -107,9 +113,9 @@ class KVAwareIndex:
                 text_hashes = self.approx.chunk_hashes(prompt_text)
             by_size: dict[int, list[int]] = defaultdict(list)
             for node_id in precise_nodes:
-                by_size[index.block_size(node_id) or 16].append(node_id)
+                by_size[self.block_size(node_id)].append(node_id)
             for block_size, nodes in by_size.items():
-                keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
+                keys = self._keys_for(prompt_ids, block_size, (len(prompt_ids) - 1) // block_size, tenant)
                 self._last_keys[block_size] = keys
                 matched = index.match_keys(keys, nodes, block_size)
                 for node_id in nodes:
@@ -134,10 +140,21 @@ class KVAwareIndex:
         self._last_matched = raw
         return result
 
-    def _keys_for(self, prompt_ids: array, block_size: int, num_blocks: int) -> list[int]:
-        """The prompt's block keys, reusing those of an earlier prompt with the same beginning."""
+    def set_block_sizes(self, block_sizes: dict[int, int]) -> None:
+        """Node id -> its model's ``kv_block_size`` from the snapshot (until its events say)."""
+        self._block_sizes = dict(block_sizes)
+
+    def block_size(self, node_id: int) -> int:
+        """The node's block size: as its events report it, else its model's, else vLLM's GPU 16."""
+        return self.events.index.block_size(node_id) or self._block_sizes.get(node_id) or 16
+
+    def _keys_for(
+        self, prompt_ids: array, block_size: int, num_blocks: int, tenant: Tenant | None = None
+    ) -> list[int]:
+        """The prompt's block keys, reusing those of an earlier prompt with the same beginning
+        (and the same tenant: another salt or adapter keys the same ids apart)."""
         if num_blocks < ANCHOR_BLOCKS:
-            return block_keys(prompt_ids, block_size, num_blocks)
+            return block_keys(prompt_ids, block_size, num_blocks, tenant)
         data = memoryview(prompt_ids).cast("B")
         anchor_bytes = ANCHOR_BLOCKS * block_size * 4
         cache = self._key_cache
@@ -145,16 +162,16 @@ class KVAwareIndex:
         known: list[int] = []
         for anchor in range(anchors, 0, -1):
             digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
-            cached = cache.get((block_size, anchor, digest))
+            cached = cache.get((block_size, anchor, digest, tenant))
             if cached is not None:
-                cache.move_to_end((block_size, anchor, digest))
+                cache.move_to_end((block_size, anchor, digest, tenant))
                 known = cached[: anchor * ANCHOR_BLOCKS]
                 break
         keys = known[:]
-        extend_block_keys(keys, prompt_ids, block_size, num_blocks)
+        extend_block_keys(keys, prompt_ids, block_size, num_blocks, tenant)
         for anchor in range(len(known) // ANCHOR_BLOCKS + 1, anchors + 1):
             digest = xxh3_64_intdigest(data[: anchor * anchor_bytes])
-            cache[(block_size, anchor, digest)] = keys
+            cache[(block_size, anchor, digest, tenant)] = keys
         while len(cache) > KEY_CACHE_PROMPTS * 4:
             cache.popitem(last=False)
         return keys
@@ -171,7 +188,7 @@ class KVAwareIndex:
                     (now + PENDING_S, tuple(self.approx.chunk_hashes(prompt_text)))
                 )
             return
-        keys = self._last_keys.get(self.events.index.block_size(node_id) or 16)
+        keys = self._last_keys.get(self.block_size(node_id))
         held = self._last_held.get(node_id, 0)
         if keys and held < len(keys):
             pending = self._pending[node_id]
@@ -228,6 +245,18 @@ class KVAwareIndex:
         # One trust per node, whichever index predicted: a precise prediction is exact when made,
         # but a node whose queue evicts before admission still falls short (miss-snowball guard).
         self.approx.observe(node_id, predicted_fraction, observed_fraction, now_s)
+
+    def note_served(self, node_id: int, prompt_tokens: int | None, predicted_cached_tokens: int = 0) -> None:
+        """The node answered a request: when the prompt had a full block the index did not show
+        the node holding, vLLM cached it and its event is due (a node that sends none is flagged).
+        A short or fully cached prompt stores no block, and is no sign either way."""
+        block_size = self.block_size(node_id)
+        if (
+            prompt_tokens is None
+            or (prompt_tokens - 1) // block_size <= predicted_cached_tokens // block_size
+        ):
+            return
+        self.events.note_served(node_id)
 
     def record_outcome(self, node_id: int, mode: Mode, predicted_tokens: int, actual_tokens: int) -> None:
         totals = self.cached_tokens[(node_id, mode)]

@@ -1,7 +1,7 @@
 """What each node holds in its KV cache, known precisely from vLLM's KV events, keyed by content.
 
-vLLM names a block by a hash chained from a random per-process root, so the router cannot compute
-vLLM's hashes for a prompt. Instead (llm-d's answer) every ``BlockStored`` carries its blocks'
+vLLM names a block by a hash of its own (its hash function and seed are engine settings the router
+does not share), so the router does not compute vLLM's hashes for a prompt. Instead (llm-d's answer) every ``BlockStored`` carries its blocks'
 ``token_ids``: the index computes its own **content key** per block, chained like vLLM's hash
 (``key_i = xxh3_64(token ids of block i, seed=key_{i-1})``, root 0), and keeps per node a map
 engine hash -> content key, so a later ``BlockRemoved`` (which carries engine hashes only) finds
@@ -10,6 +10,13 @@ what to drop. The gateway computes the same content keys from the prompt's token
 
 Which nodes hold a key is one integer bitmask per key (a bit per node slot), as in the approximate
 index, so a match is one dict lookup and one AND per block, whatever the number of nodes.
+
+**Tenants.** vLLM hashes more than the tokens: a request's ``cache_salt`` on its first block, a
+LoRA adapter's name on every block (0.32's ``BlockStored.extra_keys``, one entry per block, and
+``lora_name``). Two tenants never share blocks in vLLM, so they must not in the index: a block's
+``extra_keys`` entry is folded into its key's seed (``xxh3_64(msgpack(extra), seed=parent)``), and
+the gateway folds in the same ``Tenant`` extras for a request (``Tenant.block_extra``). Without
+extras the key is as before.
 
 Blocks whose parent is unknown to the index (stored before the subscription began and not
 replayed) cannot be keyed: they are counted as dropped (``unknown_parent``). Such gaps only ever
@@ -20,7 +27,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import xxhash
 
 _hash = xxhash.xxh3_64_intdigest
@@ -29,25 +39,47 @@ ROOT_KEY = 0
 EngineHash = int | bytes | tuple[str, int | bytes]
 
 
-def block_keys(token_ids: Sequence[int], block_size: int, max_blocks: int | None = None) -> list[int]:
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """What vLLM hashes into a request's blocks beyond its tokens (vLLM's extra keys)."""
+
+    lora_name: str | None = None  # the request's LoRA adapter (its ``model``), None: the base model
+    cache_salt: str | None = None  # the request's ``cache_salt``
+
+    def block_extra(self, block_index: int) -> list[Any] | None:
+        """The block's ``extra_keys`` entry as vLLM 0.32 sends it: the adapter first, then the salt
+        (first block only), None when there is nothing."""
+        extra: list[Any] = []
+        if self.lora_name is not None:
+            extra.append(self.lora_name)
+        if self.cache_salt is not None and block_index == 0:
+            extra.append(self.cache_salt)
+        return extra or None
+
+
+def _seed(parent: int, extra: Any) -> int:
+    """The seed of a block's key: its parent's key, with the block's extra keys folded in."""
+    return parent if extra is None else _hash(_encode_extra(extra), parent)
+
+
+_encode_extra = msgspec.msgpack.Encoder().encode
+
+
+def block_keys(
+    token_ids: Sequence[int], block_size: int, max_blocks: int | None = None, tenant: Tenant | None = None
+) -> list[int]:
     """Content keys of the full blocks of ``token_ids`` (at most ``max_blocks``), first block first."""
+    keys: list[int] = []
     num_blocks = len(token_ids) // block_size
     if max_blocks is not None:
         num_blocks = min(num_blocks, max_blocks)
-    if num_blocks <= 0:
-        return []
-    data = memoryview(array("I", token_ids[: num_blocks * block_size]).tobytes())
-    step = block_size * 4
-    keys: list[int] = []
-    append = keys.append
-    parent = ROOT_KEY
-    for start in range(0, num_blocks * step, step):
-        parent = _hash(data[start : start + step], parent)
-        append(parent)
+    extend_block_keys(keys, token_ids, block_size, num_blocks, tenant)
     return keys
 
 
-def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int) -> None:
+def extend_block_keys(
+    keys: list[int], token_ids: Sequence[int], block_size: int, num_blocks: int, tenant: Tenant | None = None
+) -> None:
     """Append to ``keys`` (the keys of the first ``len(keys)`` blocks) up to ``num_blocks`` keys."""
     start_block = len(keys)
     if num_blocks <= start_block:
@@ -57,8 +89,14 @@ def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int
     step = block_size * 4
     parent = keys[-1] if keys else ROOT_KEY
     append = keys.append
-    for start in range(0, (num_blocks - start_block) * step, step):
-        parent = _hash(data[start : start + step], parent)
+    if tenant is None or (tenant.lora_name is None and tenant.cache_salt is None):
+        for start in range(0, (num_blocks - start_block) * step, step):
+            parent = _hash(data[start : start + step], parent)
+            append(parent)
+        return
+    block_extra = tenant.block_extra
+    for block, start in enumerate(range(0, (num_blocks - start_block) * step, step), start_block):
+        parent = _hash(data[start : start + step], _seed(parent, block_extra(block)))
         append(parent)
 
 
@@ -103,8 +141,14 @@ class PreciseIndex:
         parent_block_hash: EngineHash | None,
         token_ids: Sequence[int],
         block_size: int,
+        extra_keys: Sequence[Any] | None = None,
+        lora_name: str | None = None,
     ) -> int:
-        """Apply a BlockStored; returns how many blocks could not be keyed (unknown parent)."""
+        """Apply a BlockStored; returns how many blocks could not be keyed (unknown parent).
+
+        ``extra_keys``: one entry per block (vLLM 0.32); without them (older vLLM) a ``lora_name``
+        stands for the adapter's entry on every block.
+        """
         node = self._node(node_id)
         if parent_block_hash is None:
             parent = ROOT_KEY
@@ -123,8 +167,13 @@ class PreciseIndex:
         holders = self._holders
         refs = self._key_refs
         keys = node.keys
+        if extra_keys is None and lora_name is not None:
+            extra_keys = [[lora_name]] * len(block_hashes)
+        if extra_keys is not None and len(extra_keys) < len(block_hashes):
+            return len(block_hashes)
         for i, engine_hash in enumerate(block_hashes):
-            parent = _hash(data[i * step : (i + 1) * step], parent)
+            seed = parent if extra_keys is None else _seed(parent, extra_keys[i])
+            parent = _hash(data[i * step : (i + 1) * step], seed)
             if engine_hash in keys:
                 continue  # stored again (idempotent)
             keys[engine_hash] = parent

@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import replace
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
@@ -258,7 +259,11 @@ class Proxy:
         if not uses_index:
             matched: dict[int, int] = {}
         elif prompt_ids is not None and prompt_ids.complete:
-            matched = self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
+            matched = (
+                self._cache_index.match(node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant)
+                if prompt_ids.tenant is not None
+                else self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
+            )
         else:
             matched = self._cache_index.match(node_ids, prompt_text)
         self._sequence += 1
@@ -281,6 +286,11 @@ class Proxy:
             decision = algorithm.choose(view, request)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
+            # Read now, on this request's decision: the index's attribute is the last decision
+            # of any request, and a policy that never asks the index must record no prediction.
+            prediction = getattr(self._cache_index, "last_prediction", None)
+            if prediction is not None:
+                decision = replace(decision, prediction=prediction)
         return decision
 
     def _canary_route(

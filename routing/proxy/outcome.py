@@ -65,6 +65,11 @@ class RequestOutcome:
                 )
             prediction = exchange.prediction
             shadow = exchange.shadow
+            if node is not None and exchange.status == 200:
+                served = getattr(self._cache_index, "note_served", None)
+                if served is not None:
+                    predicted = prediction[2] if prediction is not None and prediction[0] == node.id else 0
+                    served(node.id, usage.prompt_tokens if usage is not None else None, predicted)
             if (
                 prediction is not None
                 and details is not None

@@ -106,7 +106,7 @@ class Retrier:
         while True:
             node = decision.node
             attempt.decision = decision
-            attempt.prediction = getattr(self._cache_index, "last_prediction", None)
+            attempt.prediction = decision.prediction
             attempt.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             attempt.sent_s = time.perf_counter()
             hung_watch = (

@@ -45,7 +45,9 @@
     const pick = (field) => nodes.map((n) => routed[String(n.id)][field]);
     const prompt = pick("prompt_tokens");
     const expected = pick("predicted_cached_tokens");
-    const hitShare = pick("cached_tokens").map((v, i) => (prompt[i] ? v / prompt[i] : 0));
+    // null: the node reported no cached_tokens and no prefix-cache counters either: no bar, not 0 %.
+    const hitShare = pick("cached_tokens").map((v, i) => (v === null || !prompt[i] ? null : v / prompt[i]));
+    const sources = pick("cached_source").map((s) => (s && s !== "usage" ? " (from vLLM's prefix-cache counters)" : ""));
     const traces = [
       { type: "bar", name: "routed prompt tokens", x, y: prompt, marker: { color: ROUTED.routed },
         hovertemplate: "routed %{y:,} tokens<extra></extra>" },
@@ -55,8 +57,9 @@
         marker: { color: "#2a2e34", pattern: { shape: "/", fgcolor: ROUTED.expected, bgcolor: "#2a2e34", size: 6, solidity: 0.45 } },
         hovertemplate: "router expected %{y:,} cached<extra></extra>" },
       { type: "bar", name: "cached on the node (hit)", x, y: pick("cached_tokens"), marker: { color: ROUTED.hit },
-        text: hitShare.map((s) => `${(s * 100).toFixed(0)} %`), textposition: "outside", textfont: { size: 10.5, color: "#d8d9da" },
-        cliponaxis: false, hovertemplate: "cached on node %{y:,} tokens (%{text} of routed)<extra></extra>" },
+        text: hitShare.map((s) => (s === null ? "not reported" : `${(s * 100).toFixed(0)} %`)), textposition: "outside", textfont: { size: 10.5, color: "#d8d9da" },
+        customdata: sources,
+        cliponaxis: false, hovertemplate: "cached on node %{y:,} tokens (%{text} of routed)%{customdata}<extra></extra>" },
     ];
     G.plot("routed-vs-hit", traces, G.layout({
       barmode: "group", bargap: 0.3, bargroupgap: 0.06,

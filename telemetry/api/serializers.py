@@ -250,7 +250,10 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
         read_only=True, allow_null=True, help_text="Share of TTFTs with the node's queue/prefill figures."
     )
     cache_hit_rate = serializers.FloatField(
-        read_only=True, allow_null=True, help_text="cached_tokens / prompt_tokens."
+        read_only=True,
+        allow_null=True,
+        help_text="cached_tokens / prompt tokens of the requests that reported cached_tokens "
+        "(null: none did; vLLM reports them only with --enable-prompt-tokens-details).",
     )
     prediction = serializers.SerializerMethodField()
 
@@ -278,6 +281,7 @@ class RequestAggregateSerializer(serializers.ModelSerializer):
             "node_stats_known",
             "prompt_tokens",
             "cached_tokens",
+            "cached_reported_prompt_tokens",
             "predicted_cached_tokens",
             "cache_hit_rate",
             "prediction",

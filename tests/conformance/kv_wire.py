@@ -128,3 +128,68 @@ def replay(endpoint: str, start_seq: int, timeout_s: float = 10.0) -> tuple[list
     finally:
         dealer.close(0)
         context.term()
+
+
+class GorgoWatcher:
+    """gorgo's own side, for the restart test: its relay binds the address a connect-out engine
+    sends to, and a gateway's subscriber manager (``KVEvents``) follows it, on an event loop in a
+    thread (the conformance tests are synchronous). Records when the node's index emptied."""
+
+    def __init__(self, listen: str, replay_endpoint: str, node_id: int = 1) -> None:
+        import asyncio
+        import threading
+
+        self.node_id = node_id
+        self.emptied_at: float | None = None  # unix s the index held no block after holding some
+        self._held = False
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._listen = listen
+        self._replay = replay_endpoint
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(self._main(),), daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise TimeoutError("gorgo watcher did not start")
+
+    async def _main(self) -> None:
+        import asyncio
+
+        from routing.cache.kv_events.manager import KVEvents
+        from routing.cache.kv_events.subscriber import EventSource
+        from routing.cache.kv_relay import KVRelay
+
+        self._stop = asyncio.Event()
+        self.relay = KVRelay(self._listen, "tcp://127.0.0.1:0")
+        self.relay.start()
+        self.events = KVEvents()
+        await self.events.sync({self.node_id: EventSource(self.relay.publish_endpoint, self._replay)})
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                blocks = self.events.index.blocks(self.node_id)
+                if blocks:
+                    self._held = True
+                elif self._held and self.emptied_at is None:
+                    self.emptied_at = time.time()
+                try:
+                    await asyncio.wait_for(self._stop.wait(), 0.005)
+                except TimeoutError:
+                    pass
+        finally:
+            await self.events.close()
+            await self.relay.close()
+
+    def blocks(self) -> int:
+        return self.events.index.blocks(self.node_id)
+
+    def mode(self) -> str:
+        return self.events.mode(self.node_id)
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self._loop.close()

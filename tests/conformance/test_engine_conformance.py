@@ -8,9 +8,12 @@ seed, so no test's cache hits depend on another's.
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,9 +21,10 @@ import pytest
 
 from telemetry.vllm_metrics import parse_metrics
 from tests.conformance.conftest import Pair
-from tests.conformance.kv_wire import END_SEQ, Subscriber, decode_payload, replay
+from tests.conformance.kv_wire import END_SEQ, GorgoWatcher, Subscriber, decode_payload, replay
 
 BOS = 128000
+FIGURES = Path(__file__).resolve().parents[2] / "var" / "test-logs" / "restart_to_empty.json"
 
 
 def numbers(seed: int | str, count: int = 90) -> str:
@@ -282,13 +286,44 @@ def test_a_restarted_engine_publishes_from_sequence_zero(target: Pair, http: htt
     sequence numbers without the PUB/SUB slow-joiner race."""
     spec = target.specs["connect"]
     content = numbers("restart", 80)
-    for _ in range(2):
-        assert chat(http, target, "connect", content).status_code == 200
-    before, _ = replay(spec.replay_connect, 0)
-    assert before
-    target.restart("connect")
-    response = chat(http, target, "connect", content)  # cached before the restart: gone now
-    assert response.status_code == 200
+    # gorgo follows the node as in production: its relay binds the address vLLM connects to, a
+    # gateway's subscriber follows the relay; its index must empty when the process goes, at once.
+    watcher = GorgoWatcher(spec.kv_events_connect, spec.replay_connect)
+    try:
+        for attempt in range(40):  # until the relay's subscription reached the engine
+            assert chat(http, target, "connect", numbers(f"restart-warmup-{attempt}", 40)).status_code == 200
+            if watcher.blocks():
+                break
+        for _ in range(2):
+            assert chat(http, target, "connect", content).status_code == 200
+        before, _ = replay(spec.replay_connect, 0)
+        assert before
+        restart_s = time.time()
+        target.restart("connect")
+        ready_s = time.time()
+        assert watcher.emptied_at is not None and watcher.emptied_at < ready_s
+        assert watcher.blocks() == 0 and watcher.mode() == "approximate"  # no stale precise prediction
+        restart_to_empty_s = watcher.emptied_at - restart_s
+        sys.stderr.write(
+            f"\n[{target.kind}] restart -> gorgo index empty: {restart_to_empty_s:.3f} s "
+            f"(restart took {ready_s - restart_s:.1f} s)\n"
+        )
+        FIGURES.parent.mkdir(parents=True, exist_ok=True)
+        figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+        figures[target.kind] = {
+            "restart_to_empty_s": round(restart_to_empty_s, 3),
+            "restart_s": round(ready_s - restart_s, 1),
+        }
+        FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
+        response = chat(http, target, "connect", content)  # cached before the restart: gone now
+        assert response.status_code == 200
+        for _ in range(200):  # the new process's first batch brings the node back
+            if watcher.mode() == "precise" and watcher.blocks():
+                break
+            time.sleep(0.05)
+        assert watcher.mode() == "precise" and watcher.blocks() > 0
+    finally:
+        watcher.close()
     after: list[list[bytes]] = []
     for _ in range(40):  # the batch reaches the replay buffer just after the response
         after, _ = replay(spec.replay_connect, 0)

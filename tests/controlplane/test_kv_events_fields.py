@@ -31,13 +31,22 @@ def test_a_nodes_event_endpoints_are_compiled_into_the_snapshot(operator_client,
     assert compiled.kv_events == KVEventsSpec("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", "")
 
 
-def test_a_bind_address_is_refused_with_a_field_error(operator_client, fleet) -> None:
+def test_vllms_own_bind_address_is_accepted_and_nonsense_refused(operator_client, fleet, live) -> None:
+    # vLLM binds tcp://*:P; gateways read "*" as the node's host (issue 26, item 1).
     node = fleet.nodes["us-east-1"]
     response = operator_client.patch(
         f"/api/v1/nodes/{node.pk}/", {"kv_events_endpoint": "tcp://*:5557"}, format="json"
     )
-    assert response.status_code == 400
-    assert "kv_events_endpoint" in response.json()
+    assert response.status_code == 200, response.content
+    compiled = next(n for n in live().nodes if n.name == "us-east-1")
+    assert compiled.kv_events == KVEventsSpec("tcp://*:5557", None, "")
+    for bad in ("tcp://*", "http://10.0.0.5:5557", "tcp://a b:1"):
+        response = operator_client.patch(
+            f"/api/v1/nodes/{node.pk}/", {"kv_events_endpoint": bad}, format="json"
+        )
+        assert response.status_code == 400
+        assert "kv_events_endpoint" in response.json()
+    operator_client.patch(f"/api/v1/nodes/{node.pk}/", {"kv_events_endpoint": ""}, format="json")
     response = operator_client.patch(
         f"/api/v1/nodes/{node.pk}/", {"kv_events_replay_endpoint": "tcp://10.0.0.5:5558"}, format="json"
     )
@@ -63,3 +72,13 @@ def test_a_chat_template_without_its_tokenizer_is_refused(operator_client, fleet
     )
     assert response.status_code == 400
     assert "tokenizer_path" in response.json()
+
+
+def test_a_models_folder_and_lora_flag_are_compiled_into_the_snapshot(operator_client, fleet, live) -> None:
+    model = fleet.model
+    response = operator_client.patch(
+        f"/api/v1/models/{model.pk}/", {"model_folder": "/models/llama", "lora_adapter": True}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    compiled = next(m for m in live().models if m.name == LLAMA)
+    assert compiled.model_folder == "/models/llama" and compiled.lora_adapter and compiled.tokenizer is None

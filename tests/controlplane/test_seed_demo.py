@@ -62,14 +62,13 @@ def test_it_seeds_the_demo_fleet_and_publishes_it(redis_conn, cp_keys, monkeypat
     assert (policy.algorithm, policy.is_active) == ("gorgo", True)
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert (snapshot.version, snapshot.policy.name, len(snapshot.nodes)) == (1, "default", 6)
-    # Every demo node publishes KV events, and the model's tokenizer is the emulated one's files.
+    # Every demo node publishes KV events, and the model is given by the emulated one's folder.
     events = {n.name: n.kv_events for n in snapshot.nodes}
     assert events["us-east-1"].endpoint == "tcp://127.0.0.1:8111"
     assert events["ap-south-2"].replay_endpoint == "tcp://127.0.0.1:8126"
     (model,) = snapshot.models
-    assert model.tokenizer is not None and model.tokenizer.tokenizer_path.endswith(
-        "model_files/tokenizer.json"
-    )
+    assert model.tokenizer is None and model.model_folder is not None
+    assert model.model_folder.endswith("simulator/model_files")
 
     operator = get_user_model().objects.get(username="operator")
     assert operator.check_password("demo-password-1")

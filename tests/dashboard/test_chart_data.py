@@ -33,6 +33,7 @@ def bucket(
     parts_ms=(1.0, 50.0, 20.0, 100.0),
     prompt_tokens: int = 0,
     cached_tokens: int = 0,
+    cached_reported_prompt_tokens: int | None = None,
 ) -> RequestAggregate:
     """A bucket as telemetry writes it: sums, and the log-bucketed histogram of the TTFTs."""
     histogram: dict[str, int] = {}
@@ -62,6 +63,9 @@ def bucket(
         node_stats_count=n,
         prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens,
+        cached_reported_prompt_tokens=(
+            prompt_tokens if cached_reported_prompt_tokens is None else cached_reported_prompt_tokens
+        ),
     )
 
 
@@ -207,8 +211,35 @@ def test_it_gives_per_node_cache_series_and_routed_vs_hit(fleet: Fleet) -> None:
         "prompt_tokens": 3000,
         "predicted_cached_tokens": 0,
         "cached_tokens": 2400,
+        "cached_source": "usage",
         "count": 3,
     }
+
+
+@pytest.mark.django_db
+def test_unreported_cached_tokens_come_from_the_nodes_prefix_cache_counters(fleet: Fleet) -> None:
+    # vLLM without --enable-prompt-tokens-details: no cached_tokens in usage. Its own counters
+    # said 60 % over the window: that, not 0 %, is the node's hit share.
+    node = fleet.nodes["eu-central-1"]
+    MetricSample.objects.create(
+        node=node, ts=dt(NOW_S - 100), ok=True, prefix_hits_tokens=60.0, prefix_queries_tokens=100.0
+    )
+    bucket(
+        fleet,
+        NOW_S - 60,
+        [100.0] * 3,
+        node="eu-central-1",
+        prompt_tokens=3000,
+        cached_reported_prompt_tokens=0,
+    )
+    bucket(fleet, NOW_S - 60, [100.0], node="us-east-1", prompt_tokens=500, cached_reported_prompt_tokens=0)
+
+    data = series.cache(series.Window.of("15m", 15 * 60, "10s"), now_s=NOW_S)
+
+    routed = data["routed"][str(node.pk)]
+    assert (routed["cached_tokens"], routed["cached_source"]) == (1800, "metrics")
+    unknown = data["routed"][str(fleet.nodes["us-east-1"].pk)]
+    assert (unknown["cached_tokens"], unknown["cached_source"]) == (None, None)  # not reported, not 0
 
 
 @pytest.mark.django_db

@@ -52,3 +52,22 @@ def test_it_shows_each_nodes_mode_and_event_lag(
     assert ">mixed<" in cell and "7.500 s" in cell  # the worst lag any gateway sees
     other = kv_cell(html, fleet.nodes["ap-south-1"].pk)
     assert ">approximate<" in other
+
+
+@pytest.mark.django_db
+def test_a_node_that_serves_and_sends_no_event_is_flagged_on_the_nodes_page(
+    viewer_client: Client, fleet: Fleet, redis_conn: redis.Redis, cp_keys: RedisKeys
+) -> None:
+    silent = fleet.nodes["us-east-1"].pk
+    fine = fleet.nodes["eu-central-1"].pk
+    report(
+        redis_conn,
+        cp_keys,
+        "gw-a",
+        {silent: NodeKVState("approximate", silent=True), fine: NodeKVState("precise", lag_s=0.01)},
+    )
+    html = viewer_client.get("/nodes/").content.decode()
+    cell = kv_cell(html, silent)
+    assert 'data-field="kv_silent"' in cell and ">no events<" in cell
+    assert "binds its events endpoint only when it contains *" in cell
+    assert "kv_silent" not in kv_cell(html, fine)

@@ -33,8 +33,8 @@ NODE = "us-east-1"
 NODE_ID = 1
 
 
-# The gateway reads the pre-0.32 replay reply only, until issue 26's second phase teaches it 0.32's
-# (with the topic frame); the emulator speaks 0.32's by default.
+# The emulator answers replay as vLLM 0.32 does by default (with the topic frame); the gateway still
+# reads the older reply, which one test keeps speaking.
 PRE_032_REPLAY = "pre-0.32"
 
 
@@ -43,7 +43,6 @@ def events_config(encoding: str, replay: bool = True) -> str:
         "enable_kv_cache_events": True,
         "endpoint": "tcp://*:0",
         "encoding": encoding,
-        "replay_format": PRE_032_REPLAY,
     }
     if replay:
         config["replay_endpoint"] = "tcp://*:0"
@@ -225,14 +224,16 @@ def stored(first: int, count: int = 1, parent: int | None = None) -> BlockStored
     )
 
 
-@pytest.mark.parametrize("buffer_steps", [100, 1])
-async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int) -> None:
+@pytest.mark.parametrize(
+    ("buffer_steps", "replay_format"), [(100, "v0.32"), (100, PRE_032_REPLAY), (1, "v0.32")]
+)
+async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int, replay_format: str) -> None:
     config = KVEventsConfig(
         enable_kv_cache_events=True,
         endpoint="tcp://*:0",
         replay_endpoint="tcp://*:0",
         buffer_steps=buffer_steps,
-        replay_format=PRE_032_REPLAY,
+        replay_format=replay_format,
     )
     publisher = LossyPublisher(config, "127.0.0.1")
     publisher.start()
@@ -261,3 +262,67 @@ async def test_a_sequence_gap_is_replayed_or_resets_the_node(buffer_steps: int) 
     finally:
         await events.close()
         await publisher.stop()
+
+
+async def test_a_sequence_back_to_zero_empties_the_node_at_once() -> None:
+    # vLLM 0.32 restarted behind a relay (the gateway's connection never drops): the only sign is
+    # the sequence starting again at 0, and no AllBlocksCleared comes. The new process holds
+    # nothing it has not announced: the old blocks must go with the first new batch.
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint="tcp://*:0", replay_endpoint="tcp://*:0", buffer_steps=100
+    )
+    publisher = LossyPublisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(publisher.endpoint, publisher.replay_endpoint)})
+        await wait_for(lambda: events.mode(NODE_ID) == "precise")
+        publisher.publish([stored(1)])
+        publisher.publish([stored(2, parent=1)])
+        publisher.publish([stored(3, parent=2)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 3)
+
+        publisher._seq = 0  # the new process
+        publisher._buffer.clear()
+        publisher.publish([stored(50)])
+        subscriber = events.subscribers[NODE_ID]
+        await wait_for(lambda: subscriber.stats.restarts == 1)
+        assert events.index.blocks(NODE_ID) == 1  # block 50 only
+        assert events.mode(NODE_ID) == "precise"
+        publisher.publish([stored(51, parent=50)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 2)
+        assert subscriber.stats.gaps == 0 and subscriber.stats.restarts == 1
+    finally:
+        await events.close()
+        await publisher.stop()
+
+
+async def test_two_cache_salts_are_predicted_apart() -> None:
+    # Same prompt, another salt: the emulated vLLM (as the real one) reuses nothing, and the index
+    # must predict nothing; the same salt again is a full hit.
+    tokenizer = ModelTokenizer(str(TOKENIZER_PATH), str(CHAT_TEMPLATE_PATH))
+    topology = load_topology(DEFAULT_TOPOLOGY_PATH)
+    async with Fleet.start(
+        topology, auto_ports=True, only=[NODE], kv_events={NODE: events_config("map")}, time_scale=0.05
+    ) as fleet:
+        node = fleet.node(NODE)
+        events = KVEvents()
+        await events.sync({NODE_ID: EventSource(node.kv_events_endpoint, node.kv_events_replay_endpoint)})
+        try:
+            await wait_for(lambda: events.mode(NODE_ID) == "precise")
+            seen = []
+            async with aiohttp.ClientSession() as session:
+                for salt in ("tenant-a", "tenant-b", "tenant-a", None):
+                    body = chat_body(77) | ({"cache_salt": salt} if salt else {})
+                    ids = tokenizer.prompt_ids("chat", json.dumps(body).encode())
+                    assert ids is not None and ids.complete
+                    keys = block_keys(ids.ids, 16, (len(ids.ids) - 1) // 16, ids.tenant)
+                    predicted = events.index.match_keys(keys, [NODE_ID], 16).get(NODE_ID, 0)
+                    async with session.post(node.url + "/v1/chat/completions", json=body) as response:
+                        usage = (await response.json())["usage"]
+                    seen.append((predicted, usage["prompt_tokens_details"]["cached_tokens"]))
+                    await wait_for(lambda: events.index.blocks(NODE_ID) == node.engine.pool.num_cached_blocks)
+            assert [actual for _, actual in seen][:2] == [0, 0] and seen[2][1] > 0
+            assert [predicted for predicted, _ in seen] == [actual for _, actual in seen]
+        finally:
+            await events.close()

@@ -7,7 +7,7 @@ from array import array
 
 from routing.cache.approx_index import ApproxPrefixIndex
 from routing.cache.kv_aware_index import ANCHOR_BLOCKS, KVAwareIndex
-from routing.cache.precise_index import PreciseIndex, block_keys
+from routing.cache.precise_index import PreciseIndex, Tenant, block_keys
 
 
 def tokens(seed: int, count: int) -> list[int]:
@@ -85,3 +85,40 @@ def test_a_prompt_routed_before_its_tokens_were_known_still_counts_as_in_flight(
     prompt = array("I", tokens(5, 16 * 20 + 1))
     matched = index.match([1, 2], text, prompt)  # tokenized now; node 1 is still computing it
     assert set(matched) == {1} and matched[1] > 0
+
+
+def test_a_salted_tenants_blocks_match_only_its_own_prompts() -> None:
+    # vLLM 0.32: the salt is on the first block's extra_keys only; the chain carries it on.
+    index = PreciseIndex()
+    prompt = tokens(3, 64)
+    index.store(1, [11, 12], None, prompt[:32], 16, [["tenant-a"], None])
+    index.store(1, [13, 14], 12, prompt[32:], 16, [None, None])
+    index.store(2, [21, 22, 23, 24], None, prompt, 16)  # no salt
+    salted = block_keys(prompt, 16, tenant=Tenant(cache_salt="tenant-a"))
+    assert index.match_keys(salted, [1, 2], 16) == {1: 64}
+    assert index.match_keys(block_keys(prompt, 16), [1, 2], 16) == {2: 64}
+    assert index.match_keys(block_keys(prompt, 16, tenant=Tenant(cache_salt="tenant-b")), [1, 2], 16) == {}
+
+
+def test_a_lora_adapters_blocks_are_its_own() -> None:
+    # The adapter's name is first in every block's extra_keys (and in lora_name); an older vLLM
+    # without extra_keys gives lora_name only, which stands for the same.
+    index = PreciseIndex()
+    prompt = tokens(4, 48)
+    index.store(1, [1, 2, 3], None, prompt, 16, [["sql-lora", "s"], ["sql-lora"], ["sql-lora"]], "sql-lora")
+    index.store(2, [1, 2, 3], None, prompt, 16, None, "sql-lora")
+    index.store(3, [1, 2, 3], None, prompt, 16)
+    both = block_keys(prompt, 16, tenant=Tenant("sql-lora", "s"))
+    assert index.match_keys(both, [1, 2, 3], 16) == {1: 48}
+    assert index.match_keys(block_keys(prompt, 16, tenant=Tenant("sql-lora")), [1, 2, 3], 16) == {2: 48}
+    assert index.match_keys(block_keys(prompt, 16), [1, 2, 3], 16) == {3: 48}
+
+
+def test_the_key_cache_keeps_tenants_apart() -> None:
+    from routing.cache.kv_events.manager import KVEvents
+
+    index = KVAwareIndex(ApproxPrefixIndex(), KVEvents())
+    prompt = array("I", tokens(5, 16 * (ANCHOR_BLOCKS + 2)))
+    plain = index._keys_for(prompt, 16, ANCHOR_BLOCKS + 1)
+    salted = index._keys_for(prompt, 16, ANCHOR_BLOCKS + 1, Tenant(cache_salt="x"))
+    assert salted == block_keys(prompt, 16, ANCHOR_BLOCKS + 1, Tenant(cache_salt="x")) != plain

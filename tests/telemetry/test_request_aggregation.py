@@ -201,6 +201,21 @@ def test_every_4xx_is_the_clients_mistake_not_a_fleet_failure(tel, fleet):
     assert row.error_rate == pytest.approx(0.2) and row.client_error_rate == pytest.approx(0.7)
 
 
+def test_a_node_that_reports_no_cached_tokens_has_no_hit_rate_not_zero(tel, fleet):
+    # vLLM without --enable-prompt-tokens-details: usage has prompt_tokens, no cached_tokens.
+    _regions, node = fleet
+    silent = [record(node, ts=T0 + 1 + i * 0.1, ttft_ms=10.0, cached_tokens=None) for i in range(4)]
+    append(tel, *silent)
+    run_round(tel.client, tel.keys)
+    row = bucket("10s", node=node)
+    assert (row.prompt_tokens, row.cached_tokens, row.cached_reported_prompt_tokens) == (400, 0, 0)
+    assert row.cache_hit_rate is None
+
+    append(tel, record(node, ts=T0 + 2, ttft_ms=10.0))  # one that reports 48 of 100
+    run_round(tel.client, tel.keys)
+    assert bucket("10s", node=node).cache_hit_rate == 0.48
+
+
 def test_replaying_the_same_entries_does_not_count_them_twice(tel, fleet):
     regions, node = fleet
     append(tel, *(record(node, ts=T0 + 1, ttft_ms=150.0) for _ in range(3)))

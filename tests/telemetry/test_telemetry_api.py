@@ -44,6 +44,7 @@ def aggregate(resolution: str, start: datetime, **target) -> RequestAggregate:
         prefill_sum_ms=350.0,
         prompt_tokens=1000,
         cached_tokens=400,
+        cached_reported_prompt_tokens=1000,
         **target,
     )
 

@@ -35,6 +35,8 @@ class LLMModelSerializer(ValidatedModelSerializer):
             "max_context_tokens",
             "tokenizer_path",
             "chat_template_path",
+            "model_folder",
+            "lora_adapter",
             "node_count",
         ]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -29,7 +28,7 @@ class KVEventsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         names = self._node_names()
-        now = time.time()
+        now = self._events.now()
         received = CounterMetricFamily(
             "gorgo_kv_events_received", "KV events received from each node.", labels=["node"]
         )
@@ -42,6 +41,11 @@ class KVEventsCollector(Collector):
         gaps = CounterMetricFamily(
             "gorgo_kv_event_sequence_gaps", "Sequence gaps in a node's event stream.", labels=["node"]
         )
+        restarts = CounterMetricFamily(
+            "gorgo_kv_event_publisher_restarts",
+            "Times a node's event sequence went back (a restarted vLLM; its index was emptied).",
+            labels=["node"],
+        )
         blocks = GaugeMetricFamily(
             "gorgo_kv_index_blocks", "Blocks the precise index holds per node.", labels=["node"]
         )
@@ -53,6 +57,12 @@ class KVEventsCollector(Collector):
             "1 while the node is routed on its events, 0 approximate.",
             labels=["node"],
         )
+        silent = GaugeMetricFamily(
+            "gorgo_kv_events_silent",
+            "1 while the node answered requests through this gateway and sent no KV event for a "
+            "while (its events do not arrive: check the endpoint shape), else 0.",
+            labels=["node"],
+        )
         for node_id, subscriber in sorted(self._events.subscribers.items()):
             name = names.get(node_id, str(node_id))
             stats = subscriber.stats
@@ -61,11 +71,13 @@ class KVEventsCollector(Collector):
             for reason, count in sorted(stats.dropped.items()):
                 dropped.add_metric([name, reason], count)
             gaps.add_metric([name], stats.gaps)
+            restarts.add_metric([name], stats.restarts)
             blocks.add_metric([name], self._events.index.blocks(node_id))
             if stats.last_lag_s is not None:
                 lag.add_metric([name], stats.last_lag_s)
             mode.add_metric([name], 1 if subscriber.mode(now) == "precise" else 0)
-        yield from (received, applied, dropped, gaps, blocks, lag, mode)
+            silent.add_metric([name], 1 if subscriber.silent(now) else 0)
+        yield from (received, applied, dropped, gaps, restarts, blocks, lag, mode, silent)
         predicted = CounterMetricFamily(
             "gorgo_prefix_predicted_cached_tokens",
             "Cached prompt tokens the index predicted for the chosen node.",

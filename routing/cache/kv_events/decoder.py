@@ -23,6 +23,8 @@ class Stored:
     token_ids: list[int]
     block_size: int
     medium: str | None = None
+    extra_keys: list[Any] | None = None  # 0.32: one entry per block (cache_salt, LoRA name, ...)
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,17 @@ def _engine_key(value: Any, medium: str | None) -> Any:
     key = _hash_key(value)
     # The same block may be held on GPU and offloaded to CPU: separate entries, same content.
     return key if medium in (None, "GPU") else (medium, key)
+
+
+def _extra_keys(value: Any) -> list[Any] | None:
+    # All null (no tenant on any block) is the same as absent: the plain key, the fast path.
+    if not isinstance(value, list) or all(entry is None for entry in value):
+        return None
+    return value
+
+
+def _lora_name(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def decode_batch(payload: bytes) -> Batch:
@@ -103,6 +116,8 @@ def _decode_event(event: Any) -> Stored | Removed | Cleared | None:
                 event[3],
                 int(event[4]),
                 medium,
+                _extra_keys(event[8] if len(event) > 8 else None),
+                _lora_name(event[7] if len(event) > 7 else None),
             )
         if tag == "BlockRemoved":
             medium = event[2] if len(event) > 2 else None
@@ -121,6 +136,8 @@ def _decode_event(event: Any) -> Stored | Removed | Cleared | None:
                 event["token_ids"],
                 int(event["block_size"]),
                 medium,
+                _extra_keys(event.get("extra_keys")),
+                _lora_name(event.get("lora_name")),
             )
         if tag == "BlockRemoved":
             return Removed([_engine_key(h, medium) for h in event["block_hashes"]], medium)

@@ -21,11 +21,21 @@ class KVEvents:
         self._ctx: zmq.asyncio.Context | None = None
         self.subscribers: dict[int, NodeSubscriber] = {}
 
+    def now(self) -> float:
+        """The subscribers' clock (unix s; tests move it)."""
+        return self._clock()
+
     def mode(self, node_id: int, now_s: float | None = None) -> Mode:
         subscriber = self.subscribers.get(node_id)
         if subscriber is None:
             return "approximate"
         return subscriber.mode(self._clock() if now_s is None else now_s)
+
+    def note_served(self, node_id: int) -> None:
+        """The node answered a request this gateway sent (events are due: see ``silent``)."""
+        subscriber = self.subscribers.get(node_id)
+        if subscriber is not None:
+            subscriber.note_served(self._clock())
 
     async def sync(self, sources: dict[int, EventSource]) -> None:
         """Start subscribers for new sources, stop those gone or changed."""
@@ -57,6 +67,7 @@ class KVEvents:
                     blocks=self.index.blocks(node_id),
                     gaps=subscriber.stats.gaps,
                     received=subscriber.stats.received,
+                    silent=subscriber.silent(now),
                 )
                 for node_id, subscriber in self.subscribers.items()
             },

@@ -10,12 +10,20 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
   an under-estimate);
 - ``approximate`` otherwise: before the first connection, while disconnected (the node may be
   restarting), for ``RESYNC_S`` after a sequence gap that replay could not fill (the index then
-  restarts empty), and while events lag.
+  restarts empty), while events lag, and while the node is **silent**: it answered
+  ``SILENT_MIN_REQUESTS`` requests through this gateway, the first ``SILENT_AFTER_S`` ago, and no
+  event came since (logged once with ``ENDPOINT_SHAPE_RULE``, the usual cause).
 
-Sequence rules: every (re)connection empties the node and replays from 0 (a reconnect may be a
-restarted vLLM: new hashes, new sequence), a sequence number lower than expected means the
-publisher restarted (empty, replay from 0), a higher one is a gap (replay from the expected one;
-if the publisher's buffer no longer has it, empty and count it). ``AllBlocksCleared`` empties it.
+Sequence rules: a disconnection empties the node (its process may be gone), and so does the
+relay's ``PUBLISHER_GONE_SEQ`` (the node's vLLM disconnected from the relay; approximate until it
+publishes again); every (re)connection empties it and replays from 0 (a reconnect may be a
+restarted vLLM). A live sequence number not above the previous live one means the publisher
+restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
+emptied at once and the new process's earlier batches replayed from 0. Through a relay (the node
+connects out, ``routing.cache.kv_relay``) the gateway's own connection never drops, so this is the
+only sign of a restart. A live number below the expected one but above the previous live one was
+already applied through replay; a higher one is a gap (replay from the expected one; if the
+publisher's buffer no longer has it, empty and count it). ``AllBlocksCleared`` empties it.
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
 
 from routing.cache.kv_events.decoder import BatchError, Removed, Stored, decode_batch
+from routing.cache.kv_relay import PUBLISHER_GONE_SEQ
 from routing.cache.precise_index import PreciseIndex
+from routing.contract import KVEventsSpec
 
 logger = logging.getLogger("routing.kv_events")
 
@@ -42,6 +53,16 @@ MAX_LAG_S = 5.0  # events older than this on arrival: the node is treated as app
 RESYNC_S = 30.0  # after an unrecoverable gap, approximate for this long while the index refills
 REPLAY_TIMEOUT_S = 2.0
 END_SEQ = -1
+# A node this gateway sent SILENT_MIN_REQUESTS answered requests, the first SILENT_AFTER_S ago,
+# without one event since: its events do not reach us (most often the endpoint shape, below).
+SILENT_MIN_REQUESTS = 3
+SILENT_AFTER_S = 60.0
+ENDPOINT_SHAPE_RULE = (
+    "vLLM binds its KV-events endpoint only when it contains '*', '::' or ipc:// (tcp://*:PORT) and "
+    "otherwise connects out to it: gateways connect to a bound one (tcp://NODE_HOST:PORT), and a "
+    "connect-out endpoint must be bound by gorgo's relay (python -m routing.cache.kv_relay), which "
+    "gateways then subscribe to"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,9 +78,14 @@ class NodeEventStats:
     gaps: int = 0
     replays: int = 0
     resets: int = 0
+    restarts: int = 0  # the sequence went back: a new publisher process
+    last_restart_at: float | None = None  # unix s the last restart was seen (its index emptied)
+    publisher_gone_at: float | None = None  # unix s the relay last said the node's vLLM disconnected
     last_lag_s: float | None = None
     last_event_at: float | None = None  # unix s of the last batch received
     connected: bool = False
+    served_since_event: int = 0  # requests the node answered through this gateway since the last batch
+    waiting_since: float | None = None  # unix s of the first of those
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +95,27 @@ class EventSource:
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+
+    @classmethod
+    def of_node(cls, spec: KVEventsSpec, base_url: str) -> EventSource:
+        """The node's endpoints as this gateway connects to them: vLLM's own ``tcp://*:P`` (what it
+        binds) names the node's host, taken from its ``base_url``."""
+        host = urlsplit(base_url).hostname or "127.0.0.1"
+        return cls(
+            connectable(spec.endpoint, host),
+            connectable(spec.replay_endpoint, host) if spec.replay_endpoint else None,
+            spec.topic,
+        )
+
+
+def connectable(endpoint: str, node_host: str) -> str:
+    """``tcp://*:P``, ``tcp://0.0.0.0:P`` or ``tcp://[::]:P`` (a bind address) -> ``tcp://NODE_HOST:P``."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint  # ipc:// is a path on the node's host: usable as it is
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
+    if host not in ("*", "0.0.0.0", "::", "[::]"):
+        return endpoint
+    return f"tcp://[{node_host}]:{port}" if ":" in node_host else f"tcp://{node_host}:{port}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,15 +142,47 @@ class NodeSubscriber:
         self._ctx = context
         self._clock = clock
         self._expected: int | None = None
+        self._last_live_seq: int | None = None  # the last sequence number the live stream brought
         self._resync_until = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._silent_logged = False
+        self._publisher_gone = False  # the relay said the node's vLLM disconnected
 
     # ---- mode ---------------------------------------------------------------------------------
 
+    def note_served(self, now_s: float) -> None:
+        """The node answered a request this gateway sent it that must have stored a block (the
+        caller, ``KVAwareIndex.note_served``, leaves out short and wholly cached prompts)."""
+        stats = self.stats
+        stats.served_since_event += 1
+        if stats.waiting_since is None:
+            stats.waiting_since = now_s
+
+    def silent(self, now_s: float) -> bool:
+        """Requests were served and no event came for ``SILENT_AFTER_S``: the events are lost."""
+        stats = self.stats
+        silent = (
+            stats.served_since_event >= SILENT_MIN_REQUESTS
+            and stats.waiting_since is not None
+            and now_s - stats.waiting_since >= SILENT_AFTER_S
+        )
+        if silent and not self._silent_logged:
+            self._silent_logged = True
+            logger.warning(
+                "node %s answered %d requests through this gateway in %.0f s and sent no KV event on "
+                "%s; it is routed approximately. %s.",
+                self.node_id,
+                stats.served_since_event,
+                now_s - stats.waiting_since,
+                self.source.endpoint,
+                ENDPOINT_SHAPE_RULE,
+            )
+        return silent
+
     def mode(self, now_s: float) -> Mode:
         stats = self.stats
-        if not stats.connected or now_s < self._resync_until:
+        if not stats.connected or now_s < self._resync_until or self._publisher_gone or self.silent(now_s):
             return "approximate"
         if self._expected is None and self.source.replay_endpoint:
             return "approximate"  # the replay of what it already holds is not done yet
@@ -149,7 +228,11 @@ class NodeSubscriber:
                     if len(frames) != 3 or len(frames[1]) != 8:
                         self.stats.dropped["malformed"] += 1
                         continue
-                    await self._on_message(int.from_bytes(frames[1], "big", signed=True), frames[2])
+                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    if seq == PUBLISHER_GONE_SEQ:
+                        self._on_publisher_gone()
+                        continue
+                    await self._on_message(seq, frames[2])
         except asyncio.CancelledError:
             raise
         except Exception:  # pragma: no cover - a bug; the node falls back to the approximate index
@@ -165,11 +248,34 @@ class NodeSubscriber:
         if event == zmq.EVENT_CONNECTED:
             # A (re)connection may be a restarted node: start over from what it can replay.
             self._reset(count=False)
+            self._last_live_seq = None
             self.stats.connected = True
             if self.source.replay_endpoint:
                 await self._replay(0)
         elif event == zmq.EVENT_DISCONNECTED:
+            # The node stopped or restarts: what it held is gone with the process (or will be
+            # replayed on reconnection). Forget it now, not at reconnection.
             self.stats.connected = False
+            self._reset(count=False)
+
+    def _on_publisher_gone(self) -> None:
+        """The relay saw the node's vLLM disconnect: empty, approximate until it publishes again."""
+        self.stats.publisher_gone_at = self._clock()
+        self._publisher_gone = True
+        self._reset(count=False)
+        self._last_live_seq = None
+
+    def _on_restart(self, seq: int) -> None:
+        self.stats.restarts += 1
+        self.stats.last_restart_at = self._clock()
+        logger.info(
+            "KV events of node %s: sequence went back to %d, a restarted vLLM; its blocks are forgotten",
+            self.node_id,
+            seq,
+        )
+        self._reset(count=False)
+        # The new process's batches before this one are in its replay buffer (a gap from 0).
+        self._expected = 0
 
     def _reset(self, *, count: bool) -> None:
         self._index.clear(self.node_id)
@@ -178,6 +284,13 @@ class NodeSubscriber:
             self.stats.resets += 1
 
     async def _on_message(self, seq: int, payload: bytes) -> None:
+        self._publisher_gone = False
+        last_live = self._last_live_seq
+        self._last_live_seq = seq
+        if last_live is not None and seq <= last_live:
+            # One publisher's live stream only goes up: lower is a new process (vLLM starts at 0
+            # and sends no AllBlocksCleared), whose cache is empty. Start over at once.
+            self._on_restart(seq)
         expected = self._expected
         if expected is None:
             self._expected = seq  # the first message (no replay, or it failed): start here
@@ -204,6 +317,9 @@ class NodeSubscriber:
         now = self._clock()
         stats.received += len(batch.events) + batch.unknown
         stats.last_event_at = now
+        stats.served_since_event = 0
+        stats.waiting_since = None
+        self._silent_logged = False
         stats.last_lag_s = max(0.0, now - batch.ts)
         if batch.unknown:
             stats.dropped["unknown_event"] += batch.unknown
@@ -212,7 +328,13 @@ class NodeSubscriber:
         for event in batch.events:
             if isinstance(event, Stored):
                 unkeyed = index.store(
-                    node_id, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                    node_id,
+                    event.block_hashes,
+                    event.parent_block_hash,
+                    event.token_ids,
+                    event.block_size,
+                    event.extra_keys,
+                    event.lora_name,
                 )
                 if unkeyed:
                     stats.dropped["unknown_parent"] += 1
@@ -245,9 +367,12 @@ class NodeSubscriber:
                     logger.warning("KV-event replay from node %s timed out", self.node_id)
                     return False
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3 or len(frames[1]) != 8:
+                # vLLM 0.32: [b"", topic, seq, payload] (the end: [b"", b"", END_SEQ, b""]); before
+                # 0.32: [b"", seq, payload]. The sequence number is the next-to-last frame in both.
+                if len(frames) not in (3, 4) or len(frames[-2]) != 8:
+                    self.stats.dropped["malformed_replay"] += 1
                     continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
                     if self._expected is None and start == 0:
                         self._expected = 0  # nothing was ever published: known empty
@@ -259,6 +384,6 @@ class NodeSubscriber:
                 if until is not None and seq >= until:
                     continue  # the live stream delivers these
                 if self._expected is None or seq >= self._expected:
-                    self._apply(seq, frames[2])
+                    self._apply(seq, frames[-1])
         finally:
             dealer.close(linger=0)

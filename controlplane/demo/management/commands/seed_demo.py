@@ -22,7 +22,7 @@ from controlplane.policies.choices import AlgorithmChoices
 from controlplane.policies.models import RoutingPolicy
 from controlplane.policies.publishing import PublishError, publish
 from controlplane.private_files import write_private_file
-from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
+from simulator.model_folder import MODEL_FILES_DIR
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, NodeSpec, Topology, TopologyError, load_topology
 
 POLICY_NAME = "default"
@@ -100,9 +100,11 @@ def sync_fleet(fleet: Topology) -> int:
                 {
                     "kv_block_size": node.engine.block_size,
                     "max_context_tokens": node.engine.max_model_len,
-                    # The emulated model's tokenizer and template, as a real model's would be given.
-                    "tokenizer_path": str(TOKENIZER_PATH),
-                    "chat_template_path": str(CHAT_TEMPLATE_PATH),
+                    # The emulated model's folder (tokenizer.json, tokenizer_config.json with the
+                    # chat template), as a real model's is given.
+                    "model_folder": str(MODEL_FILES_DIR),
+                    "tokenizer_path": "",
+                    "chat_template_path": "",
                 },
             )
             changed += was_changed
