@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from simulator.harness import free_port, stop_process_group
+from simulator.harness import stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = Path(os.environ.get("GORGO_VLLM_VENV", ROOT / "var" / "vllm-venv"))
@@ -207,21 +209,47 @@ def start_server(spec: RealVLLMSpec, log_dir: Path) -> RealVLLMServer:
     return RealVLLMServer(spec=spec, popen=popen, log_path=log_path, started_monotonic_s=time.monotonic())
 
 
+# The servers' ports are chosen at the session's start but bound only when vLLM is up, minutes later
+# on a busy machine; a port from the kernel's ephemeral range (what ``free_port`` hands out) may be
+# taken by then by any other test's client or server. Ports below that range are never handed out
+# implicitly, so one that is free now stays free (a CI run saw "Address already in use" otherwise).
+QUIET_PORTS = range(20_000, 32_000)
+_chosen: set[int] = set()
+
+
+def quiet_port() -> int:
+    """A free TCP port on 127.0.0.1 below the ephemeral range, not chosen before in this process."""
+    for _ in range(200):
+        port = random.choice(QUIET_PORTS)
+        if port in _chosen:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _chosen.add(port)
+        return port
+    raise RuntimeError(
+        f"no free port in {QUIET_PORTS.start}-{QUIET_PORTS.stop - 1} for the real vLLM servers"
+    )
+
+
 def default_specs() -> tuple[RealVLLMSpec, ...]:
     return (
         RealVLLMSpec(
             name="bind",
-            port=free_port(),
-            kv_events_port=free_port(),
-            replay_port=free_port(),
+            port=quiet_port(),
+            kv_events_port=quiet_port(),
+            replay_port=quiet_port(),
             bind_events=True,
             prompt_tokens_details=True,
         ),
         RealVLLMSpec(
             name="connect",
-            port=free_port(),
-            kv_events_port=free_port(),
-            replay_port=free_port(),
+            port=quiet_port(),
+            kv_events_port=quiet_port(),
+            replay_port=quiet_port(),
             bind_events=False,
             prompt_tokens_details=False,
         ),

@@ -257,8 +257,10 @@ def _end(
 
 
 def _lock_running(experiment: PolicyExperiment) -> PolicyExperiment:
+    # Lock the experiment's row only: PostgreSQL refuses FOR UPDATE on the nullable side of the
+    # outer join that select_related makes for ``source_version`` (a draft has none).
     locked = (
-        PolicyExperiment.objects.select_for_update()
+        PolicyExperiment.objects.select_for_update(of=("self",))
         .select_related("policy", "source_version")
         .get(pk=experiment.pk)
     )
