@@ -9,7 +9,8 @@ limit.
 
 - **Admit**: a request is admitted from memory while this gateway has fewer requests open than
   slots leased (no I/O: the steady state). Only a request that finds the lease used up asks Redis
-  (one round trip) for ``open + 1`` slots plus headroom; requests that miss while that call is out
+  (one round trip) for ``open + 1`` slots plus headroom, at least twice its lease (so a burst ramps
+  up in a few calls); requests that miss while that call is out
   wait for it and share it. A call capped by the other gateways' leases refuses what it could not
   cover; waiters it did not cover are refused without another call.
 - **Release**: the local count falls; the slot stays leased here, so the next request reuses it
@@ -186,7 +187,11 @@ class ConcurrencyLimiter:
         slots.call = call
         capped = False
         try:
-            wanted = self._wanted(slots, slots.open + 1 + slots.waiting)
+            # At least double the lease on a miss: a burst ramps up in a few calls, not one call
+            # per request it brings (renewals shrink what it does not use).
+            wanted = max(
+                self._wanted(slots, slots.open + 1 + slots.waiting), min(slots.limit, 2 * slots.held)
+            )
             try:
                 held = await self._call(key_id, slots, wanted)
             except (RedisError, OSError, TimeoutError) as exc:
