@@ -7,8 +7,9 @@ in another region every such request waited a full round trip before it was rout
 front door (``FrontDoor.admit`` / ``done``, the only place a request waits on shared limits) of two
 gateways against the real Redis at ``REDIS_URL`` reached through ``simulator/tcp_delay.py`` at 0
 and 120 ms round trip, for one key with ``max_concurrent`` and request and token limits, with the
-concurrency limiter before this change (``routing/frontdoor/concurrency.py`` at ``BEFORE_REF``,
-loaded from git) and after. Each gateway runs a closed loop of ``CLIENTS`` clients, each request
+limiters before issue 24 (``routing/frontdoor/concurrency.py`` and ``ratelimit.py`` at
+``BEFORE_REF``, loaded from git), with only the concurrency limiter's slots leased, and after (rate
+leases also refilled in the background). Each gateway runs a closed loop of ``CLIENTS`` clients, each request
 held open ``SERVICE_S`` (the node's work, emulated), ``REQUESTS`` per gateway and configuration,
 every configuration bounded by ``TIME_LIMIT_S``. The added TTFT of a request is how long ``admit``
 took. Redis calls are counted at the client (commands sent, renewals and settlements included).
@@ -39,15 +40,15 @@ from redis.asyncio.retry import Retry  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402
 
 from routing.contract import ClientKeySpec, RedisKeys  # noqa: E402
-from routing.frontdoor import concurrency as after_module  # noqa: E402
+from routing.frontdoor import concurrency as concurrency_after  # noqa: E402
+from routing.frontdoor import ratelimit as ratelimit_after  # noqa: E402
 from routing.frontdoor.front_door import FrontDoor  # noqa: E402
 from routing.frontdoor.keystore import KeyStore, secret_hash  # noqa: E402
-from routing.frontdoor.ratelimit import RateLimiter  # noqa: E402
 from routing.http.usage import Usage  # noqa: E402
 from routing.observability.exporter import GatewayMetrics  # noqa: E402
 from simulator.tcp_delay import TcpDelayProxy  # noqa: E402
 
-BEFORE_REF = "ded405d"  # the last commit with one Lua call per admission
+BEFORE_REF = "ded405d"  # the last commit with one Lua call per max_concurrent admission
 RTTS_MS = (0.0, 120.0)
 GATEWAYS = 2
 CLIENTS = 8  # per gateway, each one request at a time
@@ -70,23 +71,20 @@ class CountingRedis(Redis):
         return await super().execute_command(*args, **options)
 
 
-def before_module() -> ModuleType | None:
-    """The concurrency limiter at ``BEFORE_REF``; ``None`` where git history lacks it (a shallow copy)."""
+def module_at(ref: str, path: str) -> ModuleType | None:
+    """``path`` as it was at ``ref``, loaded as a module; ``None`` where git history lacks it."""
     try:
         source = subprocess.run(
-            ["git", "show", f"{BEFORE_REF}:routing/frontdoor/concurrency.py"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
+            ["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        print(f"git has no {BEFORE_REF}: measuring the current limiter only", file=sys.stderr)
+        print(f"git has no {ref}:{path}: measuring the current limiters only", file=sys.stderr)
         return None
-    spec = importlib.util.spec_from_loader("concurrency_before", loader=None)
+    name = Path(path).stem + "_before"
+    spec = importlib.util.spec_from_loader(name, loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
-    exec(compile(source, "concurrency_before.py", "exec"), module.__dict__)
+    exec(compile(source, f"{name}.py", "exec"), module.__dict__)
     return module
 
 
@@ -114,7 +112,10 @@ async def gateway_loop(
     await asyncio.gather(*(client() for _ in range(CLIENTS)))
 
 
-async def run_one(module: ModuleType, label: str, rtt_ms: float, redis_url: str) -> dict[str, object]:
+async def run_one(
+    modules: tuple[ModuleType, ModuleType], label: str, rtt_ms: float, redis_url: str
+) -> dict[str, object]:
+    concurrency_module, ratelimit_module = modules
     parsed = urlparse(redis_url)
     proxy = TcpDelayProxy(parsed.hostname or "127.0.0.1", parsed.port or 6379, rtt_ms=rtt_ms)
     port = await proxy.start()
@@ -138,8 +139,8 @@ async def run_one(module: ModuleType, label: str, rtt_ms: float, redis_url: str)
     for index, client in enumerate(clients):
         store = KeyStore(client, keys)
         store.by_hash = {key.secret_sha256: key}
-        limiter = RateLimiter(client, keys)
-        concurrency = module.ConcurrencyLimiter(client, keys, f"gw-{index}")
+        limiter = ratelimit_module.RateLimiter(client, keys)
+        concurrency = concurrency_module.ConcurrencyLimiter(client, keys, f"gw-{index}")
         limiter.start()
         concurrency.start()
         doors.append(FrontDoor("bench", store, limiter, concurrency, GatewayMetrics()))
@@ -205,12 +206,20 @@ async def main() -> None:
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if urlparse(redis_url).hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit("REDIS_URL must be on loopback")
-    before = before_module()
-    modules = (("before", before), ("after", after_module)) if before else (("after", after_module),)
+    concurrency_before = module_at(BEFORE_REF, "routing/frontdoor/concurrency.py")
+    ratelimit_before = module_at(BEFORE_REF, "routing/frontdoor/ratelimit.py")
+    variants: list[tuple[str, tuple[ModuleType, ModuleType]]] = []
+    if concurrency_before and ratelimit_before:
+        variants.append(("before", (concurrency_before, ratelimit_before)))
+        # Leased slots with the rate limits' leases refilled only when a request finds them empty.
+        variants.append(
+            ("slots leased, rate leases refilled on demand", (concurrency_after, ratelimit_before))
+        )
+    variants.append(("after", (concurrency_after, ratelimit_after)))
     rows = []
     for rtt_ms in RTTS_MS:
-        for label, module in modules:
-            row = await run_one(module, label, rtt_ms, redis_url)
+        for label, modules in variants:
+            row = await run_one(modules, label, rtt_ms, redis_url)
             print(json.dumps(row), flush=True)
             rows.append(row)
     meta = {
@@ -232,7 +241,7 @@ async def main() -> None:
         f"per gateway each holding a request {SERVICE_S * 1000:.0f} ms, {REQUESTS} requests per gateway.",
         "Added TTFT = time a request waits in `FrontDoor.admit` (concurrency + rate limits).",
         "",
-        "| shared-state RTT | concurrency limiter | added TTFT p50 | p90 | p99 | mean "
+        "| shared-state RTT | limiters | added TTFT p50 | p90 | p99 | mean "
         "| requests paying a round trip | after the first second: paying / p99 "
         "| Redis commands / request |",
         "|---|---|---|---|---|---|---|---|---|",

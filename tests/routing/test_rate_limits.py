@@ -194,12 +194,43 @@ class TestLeases:
             for _ in range(5):
                 verdict = await limiter.check(key, 1)
                 assert verdict.allowed
+                if limiter._refills:  # a refill runs in the background; let it land before reading
+                    await asyncio.wait(limiter._refills)
                 levels.append(float(await client.hget(redis_keys.rate_limit(key.id), "r")))
         finally:
             await client.aclose()
-        # One script call took 1 + 3; the next three came from the lease; the fifth called again.
-        assert [round(level) for level in levels] == [296, 296, 296, 296, 292]
+        # One script call took 1 + 3; the rest came from the lease, which was refilled in the
+        # background each time it fell to half its slice (third and fifth requests: 1 + 1 each), so
+        # no request after the first waited for Redis (issue 24).
+        assert [round(level) for level in levels] == [296, 296, 294, 294, 292]
         assert verdict.headers[1] == (b"x-ratelimit-remaining-requests", b"295")
+
+    async def test_a_busy_key_refills_its_lease_before_a_request_finds_it_empty(self, redis_url, redis_keys):
+        # Issue 24: with Redis 235 ms away, every request that found the lease empty (one in 60
+        # here) waited that round trip. Refills now start at half the slice, in the background.
+        client = make_limiter_redis(redis_url, 1.0)
+        limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+        key = make_key(SECRET, requests_per_min=6000, tokens_per_min=1_000_000)  # slices: 60, 10,000
+        waited = 0
+        call = limiter._call
+
+        async def counted(*args):
+            nonlocal waited
+            waited += 1
+            return await call(*args)
+
+        limiter._call = counted
+        try:
+            for _ in range(500):
+                assert (await limiter.check(key, 10)).allowed
+                refills = getattr(limiter, "_refills", ())  # (none before issue 24)
+                if refills:  # the refill's round trip, shorter than half a lease of requests
+                    await asyncio.wait(refills)
+            level = float(await client.hget(redis_keys.rate_limit(key.id), "r"))
+        finally:
+            await client.aclose()
+        assert waited == 1  # only the first request, which found no lease at all
+        assert 6000 - 500 - 60 <= level <= 6000 - 500  # never more taken than used plus one slice
 
     async def test_answers_from_a_lease_carry_the_same_headers_as_the_scripts(self, redis_url, redis_keys):
         # A lease builds its x-ratelimit-* headers once; only the remaining counts change per request.
