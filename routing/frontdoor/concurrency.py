@@ -15,10 +15,11 @@ limit.
   cover; waiters it did not cover are refused without another call.
 - **Release**: the local count falls; the slot stays leased here, so the next request reuses it
   without a call.
-- **Renew** (background, every ``renew_s``): each lease is rewritten to what recent local demand
+- **Renew** (background, every ``renew_s``): each lease is resized to what recent local demand
   needs: the peak of open requests over the last window plus headroom (a quarter of it, at most a
-  quarter of the limit), never below the requests open. Idle slots thus go back to the fleet within
-  two windows, and a live lease never expires. A lease not renewed for ``lease_ttl_s`` (its gateway
+  quarter of the limit), never below the requests open; a lease already that size is rewritten
+  only once a third of its ttl has passed. Idle slots thus go back to the fleet within two windows,
+  and a live lease never expires. A lease not renewed for ``lease_ttl_s`` (its gateway
   died) expires in Redis and its slots are free again.
 
 **Tolerance.** With Redis reachable the fleet never has more than ``max_concurrent`` requests of a
@@ -248,9 +249,10 @@ class ConcurrencyLimiter:
             await self.renew()
 
     async def renew(self, *, final: bool = False) -> None:
-        """Rewrite every lease to recent demand (the peak since the last renewal plus headroom).
+        """Resize every lease to recent demand (the peak since the last renewal plus headroom), or
+        rewrite it when a third of its ttl has passed.
 
-        One call per key, each the key's only call in flight; a key with a miss call out is
+        One call per key that needs it, each the key's only call in flight; a key with a miss call out is
         skipped (that call renews it). Shrinks count locally before the call, so a failed call
         leaves Redis holding more for this gateway than it uses, never less.
         """
@@ -266,8 +268,10 @@ class ConcurrencyLimiter:
                 if slots.open == 0 and slots.waiting == 0:
                     del self.slots[key_id]  # idle, nothing leased: forget it
                 continue
-            slots.held = min(slots.held, wanted)  # a shrink counts here before Redis hears of it
             slots.peak = slots.open  # the next window starts from what is open now
+            if not final and wanted == slots.held and now < slots.valid_until - self._ttl_s * 2 / 3:
+                continue  # the right size and written within a third of its ttl: no call needed
+            slots.held = min(slots.held, wanted)  # a shrink counts here before Redis hears of it
             due.append((key_id, slots, wanted))
         if not due:
             return
