@@ -129,8 +129,10 @@ class RedisKeys:
         return f"{self.prefix}:ratelimit:{key_id}"
 
     def concurrency(self, key_id: str) -> str:
-        """HASH: gateway id -> ``count:ms``, the requests of a client key each gateway has open."""
-        return f"{self.prefix}:concurrency:{key_id}"
+        """HASH: gateway id -> ``slots:expires_ms``, the slots of a client key's ``max_concurrent``
+        each gateway leases (a new name: the old per-request ``count:ms`` hash was
+        ``<prefix>:concurrency:<key id>``, and its script deleted fields it could not parse)."""
+        return f"{self.prefix}:concurrency-lease:{key_id}"
 
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""

@@ -1,31 +1,48 @@
-"""A client key's ``max_concurrent``, held across every gateway of the fleet.
+"""A client key's ``max_concurrent``, held across every gateway of the fleet by leased slots.
 
-Each gateway keeps the exact count of the requests it has open per key, and writes it to one Redis
-hash per key (field: its gateway id; value: ``count:ms``, the count and Redis's clock when it was
-written). Counts are absolute, never deltas, so a lost or reordered write is corrected by the next.
+Redis may be a WAN round trip away (120-235 ms from another region), so the request path must not
+ask it per request. Each gateway instead **leases slots**: a share of the key's ``max_concurrent``
+recorded in one Redis hash per key (field: its gateway id; value: ``slots:expires_ms``, Redis's
+clock). One Lua call sets a gateway's lease to an absolute number of slots, granted only from what
+the other gateways' unexpired leases leave free, so the leases of the fleet never sum past the
+limit.
 
-- **Admit** (keys with a ``max_concurrent`` only): one Lua call sums the other gateways' fresh
-  counts (written within ``stale_s``), adds this gateway's own count including the new request,
-  and when that is within the limit writes the new own count: one Redis round trip per request.
-  A gateway that is already at the limit by itself refuses without asking Redis.
-- **Release**: only the local count falls; the new count is written by the background flush
-  (every ``flush_s``). A slot given back here is free here at once; elsewhere within a flush.
-- **Heartbeat**: non-zero counts are written again every ``heartbeat_s`` (well under
-  ``stale_s``), so a long stream keeps counting, and a gateway that dies stops counting after
-  ``stale_s``.
+- **Admit**: a request is admitted from memory while this gateway has fewer requests open than
+  slots leased (no I/O: the steady state). Only a request that finds the lease used up asks Redis
+  (one round trip) for ``open + 1`` slots plus headroom, at least twice its lease (so a burst ramps
+  up in a few calls); requests that miss while that call is out
+  wait for it and share it. A call capped by the other gateways' leases refuses what it could not
+  cover; waiters it did not cover are refused without another call.
+- **Release**: the local count falls; the slot stays leased here, so the next request reuses it
+  without a call.
+- **Renew** (background, every ``renew_s``): each lease is resized to what recent local demand
+  needs: the peak of open requests over the last window plus headroom (a quarter of it, at most a
+  quarter of the limit), never below the requests open; a lease already that size is rewritten
+  only once a third of its ttl has passed. Idle slots thus go back to the fleet within two windows,
+  and a live lease never expires. A lease not renewed for ``lease_ttl_s`` (its gateway
+  died) expires in Redis and its slots are free again.
 
-Two admissions of one gateway may reach Redis out of order (the client pool has several
-connections), leaving its field one request low until the next flush (``flush_s``): another
-gateway may then admit one request over the limit in that window. When Redis is unreachable each
-gateway enforces the limit on its own count (so a fleet of N admits at most N times the limit),
-never "unlimited"; after a failure Redis is skipped for ``retry_after_s``.
+**Tolerance.** With Redis reachable the fleet never has more than ``max_concurrent`` requests of a
+key open: a gateway admits only within slots its lease holds, the script is atomic, one call per
+key and gateway is in flight at a time (so a gateway's writes cannot overtake each other), and a
+lease shrinks locally before the call that shrinks it in Redis and grows only after. Two ways past
+the limit, both bounded: (1) while Redis is unreachable each gateway enforces the limit on its own
+count (a fleet of N admits at most N times the limit, as before leases; never "unlimited"; Redis is
+then skipped for ``retry_after_s``); (2) if this gateway cannot renew for longer than
+``lease_ttl_s`` its lease expires while its requests are still open, and the others may admit up to
+that many more (only during such an outage, which is case 1). The price in the other direction: a
+gateway's unused slots (headroom, and slots released since the last renewal) are unavailable to
+the other gateways for up to two ``renew_s`` windows, so near the limit another gateway may refuse
+a request while that many slots sit idle here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -36,48 +53,55 @@ from routing.frontdoor.ratelimit import RedisBackoff
 
 logger = logging.getLogger("routing.concurrency")
 
-# KEYS[1]: the key's hash. ARGV: this gateway's id, its count with the new request, the limit,
-# ms after which another gateway's count no longer counts. Returns {admitted (1/0), others' count}.
-_ACQUIRE = """
+# KEYS[1]: the key's lease hash. ARGV: this gateway's id, slots in use here (kept whatever the
+# answer: those requests are open), slots wanted (>= in use), the limit, lease ttl ms.
+# Returns {slots now leased to this gateway, slots the other gateways lease}.
+_LEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local stale = tonumber(ARGV[4])
 local others = 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
   if fields[i] ~= ARGV[1] then
-    local count, at = string.match(fields[i + 1], '^(%d+):(%d+)$')
-    if count and now - tonumber(at) <= stale then
-      others = others + tonumber(count)
+    local slots, expires = string.match(fields[i + 1], '^(%d+):(%d+)$')
+    if slots and tonumber(expires) > now then
+      others = others + tonumber(slots)
     else
       redis.call('HDEL', KEYS[1], fields[i])
     end
   end
 end
-if others + tonumber(ARGV[2]) > tonumber(ARGV[3]) then
+local in_use = tonumber(ARGV[2])
+local held = math.min(tonumber(ARGV[3]), tonumber(ARGV[4]) - others)
+if held < in_use then held = in_use end
+local ttl = tonumber(ARGV[5])
+if held <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
   return {0, others}
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. now)
-redis.call('PEXPIRE', KEYS[1], stale * 2)
-return {1, others}
+redis.call('HSET', KEYS[1], ARGV[1], held .. ':' .. (now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl + 1000)
+return {held, others}
 """
 
-# KEYS[1]: the key's hash. ARGV: this gateway's id, its count, stale ms. A zero count is removed.
-_REPORT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if tonumber(ARGV[2]) == 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':' .. now)
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
-end
-return 1
-"""
+
+class _Slots:
+    """One key's slots at this gateway: requests open, slots leased, and the one call in flight."""
+
+    __slots__ = ("call", "held", "limit", "open", "peak", "valid_until", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0  # requests open here
+        self.held = 0  # slots leased (as Redis last confirmed, or less: a shrink counts at once)
+        self.valid_until = 0.0  # clock: the lease is not trusted past this without a renewal
+        self.peak = 0  # most requests open at once since the last renewal
+        self.waiting = 0  # requests waiting for the call in flight
+        self.call: asyncio.Future[bool] | None = None  # result: True when capped by the others
 
 
 class ConcurrencyLimiter:
-    """Open requests per key: exact for this gateway, shared with the others through Redis."""
+    """Open requests per key, admitted from slots leased from the fleet-wide limit in Redis."""
 
     def __init__(
         self,
@@ -85,100 +109,196 @@ class ConcurrencyLimiter:
         keys: RedisKeys,
         gateway_id: str,
         *,
-        stale_s: float = 30.0,
-        heartbeat_s: float = 5.0,
-        flush_s: float = 0.1,
+        lease_ttl_s: float = 10.0,
+        renew_s: float = 0.5,
+        headroom_fraction: float = 0.25,
         retry_after_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._gateway_id = gateway_id
-        self._stale_ms = int(stale_s * 1000)
-        self._heartbeat_s = heartbeat_s
-        self._flush_s = flush_s
+        self._ttl_s = lease_ttl_s
+        self._renew_s = renew_s
+        self._headroom_fraction = headroom_fraction
+        self._clock = clock
         self.backoff = RedisBackoff(retry_after_s, "concurrency limits")
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._report = redis.register_script(_REPORT)
-        self.open: dict[str, int] = {}  # key id -> requests open in this gateway
-        self._dirty: set[str] = set()  # key ids whose count changed since the last flush
+        self._lease = redis.register_script(_LEASE)
+        self.slots: dict[str, _Slots] = {}
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.fallbacks = 0  # admissions decided locally because Redis was unreachable
+        self.fallbacks = 0  # admissions decided by this gateway's own count: Redis unreachable
+        self.calls = 0  # lease calls made (misses and renewals)
+
+    @property
+    def open(self) -> dict[str, int]:
+        """Key id -> requests open in this gateway."""
+        return {key_id: slots.open for key_id, slots in self.slots.items()}
+
+    def _wanted(self, slots: _Slots, need: int) -> int:
+        """Slots to ask for when ``need`` are needed now: recent demand plus headroom, within the limit."""
+        demand = max(need, slots.peak)
+        headroom = min(math.ceil(demand * self._headroom_fraction), slots.limit // 4)
+        return min(slots.limit, max(need, demand + headroom))
+
+    def _take(self, slots: _Slots) -> bool:
+        slots.open += 1
+        slots.peak = max(slots.peak, slots.open)
+        return True
+
+    def _leased_slot_free(self, slots: _Slots, now: float) -> bool:
+        return slots.open < slots.held and now < slots.valid_until
+
+    def _slots_for(self, key: ClientKeySpec, limit: int) -> _Slots:
+        slots = self.slots.get(key.id)
+        if slots is None:
+            slots = self.slots[key.id] = _Slots(limit)
+        slots.limit = limit  # a new key set may change it; the next call uses the new one
+        return slots
 
     async def acquire(self, key: ClientKeySpec) -> bool:
         """Take a slot of ``key`` (which has a ``max_concurrent``); ``False`` when all are in use."""
         limit = key.max_concurrent
         assert limit is not None
-        own = self.open.get(key.id, 0) + 1
-        if own > limit:
-            return False
-        self.open[key.id] = own  # reserved before the await: concurrent admissions here see it
-        now = time.monotonic()
-        if self.backoff.up(now):
+        slots = self._slots_for(key, limit)
+        while True:
+            if slots.open >= limit:
+                return False  # this gateway alone is at the limit: no need to ask
+            now = self._clock()
+            if self._leased_slot_free(slots, now):
+                return self._take(slots)  # the common case: no I/O
+            if not self.backoff.up(now):
+                self.fallbacks += 1  # this gateway's own count decides
+                return self._take(slots)
+            call = slots.call
+            if call is None:
+                return await self._miss(slots, key.id, now)
+            slots.waiting += 1
             try:
-                # The client's own socket timeouts bound this (routing.frontdoor.ratelimit.make_limiter_redis).
-                admitted, _others = await self._acquire(
-                    keys=[self._keys.concurrency(key.id)],
-                    args=[self._gateway_id, own, limit, self._stale_ms],
-                )
+                # shield: a waiter whose client left must not cancel the call the others wait for.
+                capped = await asyncio.shield(call)
+            finally:
+                slots.waiting -= 1
+            if capped and not self._leased_slot_free(slots, self._clock()):
+                return False  # the fleet's leases left nothing: no second call for the same answer
+
+    async def _miss(self, slots: _Slots, key_id: str, now: float) -> bool:
+        """The one lease call for this key: grows the lease for this request and its waiters."""
+        call: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        slots.call = call
+        capped = False
+        try:
+            # At least double the lease on a miss: a burst ramps up in a few calls, not one call
+            # per request it brings (renewals shrink what it does not use).
+            wanted = max(
+                self._wanted(slots, slots.open + 1 + slots.waiting), min(slots.limit, 2 * slots.held)
+            )
+            try:
+                held = await self._call(key_id, slots, wanted)
             except (RedisError, OSError, TimeoutError) as exc:
                 self.backoff.failed(now, exc)
-            else:
-                self.backoff.succeeded()
-                if not admitted:
-                    self.release(key)
-                    return False
-                return True
-        self.fallbacks += 1  # this gateway's own count decided
-        self._dirty.add(key.id)
-        return True
+                self.fallbacks += 1
+                return self._take(slots)
+            self.backoff.succeeded()
+            slots.held = held
+            slots.valid_until = now + self._ttl_s  # Redis's expiry is later: it started after `now`
+            capped = held < wanted
+            if slots.open < slots.held:
+                return self._take(slots)
+            return False
+        finally:
+            slots.call = None
+            call.set_result(capped)
+
+    async def _call(self, key_id: str, slots: _Slots, wanted: int) -> int:
+        self.calls += 1
+        # The client's own socket timeouts bound this (routing.frontdoor.ratelimit.make_limiter_redis).
+        held, _others = await self._lease(
+            keys=[self._keys.concurrency(key_id)],
+            args=[
+                self._gateway_id,
+                slots.open,
+                max(wanted, slots.open),
+                slots.limit,
+                int(self._ttl_s * 1000),
+            ],
+        )
+        return int(held)
 
     def release(self, key: ClientKeySpec) -> None:
-        self.open[key.id] = self.open.get(key.id, 1) - 1
-        self._dirty.add(key.id)
+        slots = self.slots.get(key.id)
+        if slots is not None and slots.open > 0:
+            slots.open -= 1  # the slot stays leased here: the next request reuses it
 
     # ---- background ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="gorgo-concurrency-report")
+        self._task = asyncio.create_task(self._loop(), name="gorgo-concurrency-leases")
 
     async def close(self) -> None:
+        """Give every slot back (a lease of what is still open, usually none)."""
         self._closing.set()
         if self._task is not None:
-            await stop_tasks([self._task], grace_s=self._flush_s + 1.0)
-        self._dirty.update(self.open)  # say goodbye: zero counts are removed
-        for key_id in self.open:
-            self.open[key_id] = 0
-        await self._flush()
+            await stop_tasks([self._task], grace_s=self._renew_s + 1.0)
+        for slots in self.slots.values():
+            slots.peak = 0
+        await self.renew(final=True)
 
     async def _loop(self) -> None:
-        last_heartbeat = time.monotonic()
-        while not await sleep_unless(self._closing, self._flush_s):
-            now = time.monotonic()
-            if now - last_heartbeat >= self._heartbeat_s:
-                last_heartbeat = now
-                self._dirty.update(key_id for key_id, count in self.open.items() if count)
-            await self._flush()
+        while not await sleep_unless(self._closing, self._renew_s):
+            await self.renew()
 
-    async def _flush(self) -> None:
-        dirty, self._dirty = self._dirty, set()
-        if not dirty or not self.backoff.up(time.monotonic()):
-            self._dirty |= dirty
+    async def renew(self, *, final: bool = False) -> None:
+        """Resize every lease to recent demand (the peak since the last renewal plus headroom), or
+        rewrite it when a third of its ttl has passed.
+
+        One call per key that needs it, each the key's only call in flight; a key with a miss call out is
+        skipped (that call renews it). Shrinks count locally before the call, so a failed call
+        leaves Redis holding more for this gateway than it uses, never less.
+        """
+        now = self._clock()
+        if not self.backoff.up(now):
             return
+        due: list[tuple[str, _Slots, int]] = []
+        for key_id, slots in list(self.slots.items()):
+            if slots.call is not None:
+                continue
+            wanted = slots.open if final else self._wanted(slots, slots.open)
+            if wanted == 0 and slots.held == 0:
+                if slots.open == 0 and slots.waiting == 0:
+                    del self.slots[key_id]  # idle, nothing leased: forget it
+                continue
+            slots.peak = slots.open  # the next window starts from what is open now
+            if not final and wanted == slots.held and now < slots.valid_until - self._ttl_s * 2 / 3:
+                continue  # the right size and written within a third of its ttl: no call needed
+            slots.held = min(slots.held, wanted)  # a shrink counts here before Redis hears of it
+            due.append((key_id, slots, wanted))
+        if not due:
+            return
+        call: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        for _key_id, slots, _wanted in due:
+            slots.call = call
         try:
-            async with asyncio.timeout(1.0):
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for key_id in dirty:
-                        count = self.open.get(key_id, 0)
-                        await self._report(
-                            keys=[self._keys.concurrency(key_id)],
-                            args=[self._gateway_id, count, self._stale_ms],
-                            client=pipe,
-                        )
-                    await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            logger.debug("concurrency limits: report failed (%s); retrying", exc)
-            self._dirty |= dirty
-        for key_id in dirty:
-            if self.open.get(key_id) == 0:
-                del self.open[key_id]
+            # Concurrently on the pool; the client's socket timeouts bound each call.
+            results = await asyncio.gather(
+                *(self._call(key_id, slots, wanted) for key_id, slots, wanted in due),
+                return_exceptions=True,
+            )
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                logger.debug("concurrency limits: renewal failed (%s)", failure)
+                if not isinstance(failure, (RedisError, OSError, TimeoutError)):
+                    raise failure
+                self.backoff.failed(now, failure)
+            else:
+                self.backoff.succeeded()
+            for (key_id, slots, _wanted), held in zip(due, results, strict=True):
+                if isinstance(held, int):
+                    slots.held = held
+                    slots.valid_until = now + self._ttl_s
+                if slots.held == 0 and slots.open == 0 and slots.waiting == 0:
+                    self.slots.pop(key_id, None)
+        finally:
+            for _key_id, slots, _wanted in due:
+                slots.call = None
+            call.set_result(False)

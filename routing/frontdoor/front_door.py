@@ -3,7 +3,8 @@
 ``Proxy`` calls ``authenticate`` before reading a body (a stranger's body is not worth reading),
 ``admit`` once the model and prompt size are known, and ``done`` when the request is over. Each
 refusal is counted (``gorgo_gateway_auth_failures_total``, ``gorgo_gateway_rate_limited_total``).
-The only I/O is the rate limiter's one Redis call, and only for keys that have limits.
+The only I/O is a Redis call when this gateway's lease of a key's rate or concurrency limits
+is used up (leases are taken and renewed so that the steady state makes none).
 """
 
 from __future__ import annotations

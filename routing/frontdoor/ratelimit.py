@@ -1,7 +1,10 @@
 """Per-key request and token rate limits, shared by every gateway through Redis.
 
 Two token buckets per key (requests per minute, tokens per minute) in one Redis hash, checked and
-charged atomically by one Lua script: one round trip per request, none for a key without limits.
+charged atomically by one Lua script. A call also leases the gateway a slice of the limits
+(``lease_fraction`` of a minute's), spent from memory and refilled in the background once half is
+gone, so a busy key's requests do not wait for Redis (issue 24: Redis may be a WAN round trip
+away); none for a key without limits.
 The clock is Redis's (``TIME``), so gateways with skewed clocks share one notion of "now". A bucket
 holds at most a minute's allowance and refills continuously; an idle key's hash expires.
 
@@ -296,6 +299,7 @@ class RateLimiter:
         self._pending: dict[tuple[str, int], int] = {}  # (key id, tpm) -> tokens to give back
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._refills: set[asyncio.Task[None]] = set()  # background lease refills in flight
         self.fallbacks = 0  # checks answered locally because Redis was unreachable
 
     def from_lease(self, key: ClientKeySpec, cost_tokens: int) -> list[tuple[bytes, bytes]] | None:
@@ -316,7 +320,61 @@ class RateLimiter:
             lease.requests -= 1
         if tpm:
             lease.tokens -= cost_tokens
+        if self._low(lease):
+            self._refill_soon(key)
         return lease.headers(cost_tokens)
+
+    def _low(self, lease: _Lease) -> bool:
+        """Half of a lease's slice is spent: time to refill it before a request finds it empty."""
+        rpm, tpm = lease.limits
+        slice_requests = int(rpm * self._lease_fraction)
+        slice_tokens = int(tpm * self._lease_fraction)
+        return bool(
+            (slice_requests and lease.requests <= slice_requests / 2)
+            or (slice_tokens and lease.tokens <= slice_tokens / 2)
+        )
+
+    def _refill_soon(self, key: ClientKeySpec) -> None:
+        """Top the lease up in the background (issue 24): with Redis a WAN round trip away, the
+        request that found the lease empty waited that round trip. The refill is the key's one call
+        in flight, so requests that do run out meanwhile wait for it as for any call."""
+        if key.id in self._calls or not self.backoff.up(self._clock()):
+            return
+        call: asyncio.Future[tuple[Verdict, int] | None] = asyncio.get_running_loop().create_future()
+        self._calls[key.id] = call
+        task = asyncio.create_task(self._refill(key, call), name="gorgo-ratelimit-refill")
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
+    async def _refill(self, key: ClientKeySpec, call: asyncio.Future[tuple[Verdict, int] | None]) -> None:
+        rpm = key.requests_per_min or 0
+        tpm = key.tokens_per_min or 0
+        now = self._clock()
+        try:
+            extra_requests, extra_tokens = self._extras(key.id, rpm, tpm)
+            extra_requests = max(0, extra_requests - 1)  # the request the call charges joins the lease
+            try:
+                # Charges one request and no tokens: that request goes into the lease too.
+                raw = await self._check(
+                    keys=[self._keys.rate_limit(key.id)], args=[rpm, tpm, 0, extra_requests, extra_tokens]
+                )
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.backoff.failed(now, exc)
+                return
+            self.backoff.succeeded()
+            if not raw[0]:
+                return  # the buckets are empty: the next request that needs them asks (and is refused)
+            lease = self._leases.get(key.id)
+            leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+            self._leases[key.id] = _Lease(
+                key,
+                raw[7] + (1 if rpm else 0) + (leftover.requests if leftover else 0),
+                raw[8] + (leftover.tokens if leftover else 0),
+                list(raw),
+            )
+        finally:
+            del self._calls[key.id]
+            call.set_result(None)
 
     async def check(self, key: ClientKeySpec, cost_tokens: int) -> Verdict:
         """Charge one request and ``cost_tokens`` to ``key`` if both buckets allow it.
@@ -359,6 +417,22 @@ class RateLimiter:
             if refusal is not None and (refusal[0].reason == REQUESTS or cost_tokens >= refusal[1]):
                 return refusal[0]
 
+    def _extras(self, key_id: str, rpm: int, tpm: int) -> tuple[int, int]:
+        """What the next script call leases beyond its own request: the lease topped up to its size,
+        never past it (a lease whose tokens ran out while it still held requests would otherwise
+        hoard more requests on every refill), plus what the requests already waiting for the call
+        need (they take it out again at once)."""
+        lease = self._leases.get(key_id)
+        leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
+        waiting_requests, waiting_tokens = self._waiting.get(key_id, (0, 0))
+        extra_requests = waiting_requests + max(
+            0, int(rpm * self._lease_fraction) - int(leftover.requests if leftover else 0)
+        )
+        extra_tokens = waiting_tokens + max(
+            0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0)
+        )
+        return extra_requests, extra_tokens
+
     async def _call(self, key: ClientKeySpec, cost_tokens: int, now: float) -> Verdict:
         """The one script call for ``key``: charges this request and leases for the waiters too."""
         rpm = key.requests_per_min or 0
@@ -367,18 +441,7 @@ class RateLimiter:
         self._calls[key.id] = call
         refusal: tuple[Verdict, int] | None = None
         try:
-            lease = self._leases.get(key.id)
-            leftover = lease if lease is not None and lease.limits == (rpm, tpm) else None
-            waiting_requests, waiting_tokens = self._waiting.get(key.id, (0, 0))
-            # Top the lease up to its size, never past it: a lease whose tokens ran out while it
-            # still held requests would otherwise hoard more requests on every refill. Requests
-            # already waiting for this call come on top; they take it out again at once.
-            extra_requests = waiting_requests + max(
-                0, int(rpm * self._lease_fraction) - int(leftover.requests if leftover else 0)
-            )
-            extra_tokens = waiting_tokens + max(
-                0, int(tpm * self._lease_fraction) - int(leftover.tokens if leftover else 0)
-            )
+            extra_requests, extra_tokens = self._extras(key.id, rpm, tpm)
             try:
                 # The client's own socket timeouts bound this (see make_limiter_redis).
                 raw = await self._check(
@@ -426,6 +489,8 @@ class RateLimiter:
         self._closing.set()
         if self._task is not None:
             await stop_tasks([self._task], grace_s=self._settle_interval_s + 1.0)
+        if self._refills:
+            await stop_tasks(list(self._refills), grace_s=1.0)
         await self._flush()
 
     async def _settle_loop(self) -> None:
