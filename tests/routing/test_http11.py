@@ -30,8 +30,7 @@ pytestmark = pytest.mark.e2e
 PATH = b"/v1/chat/completions"
 
 
-@pytest.fixture
-def fleet(redis_keys, redis_url, processes):
+def start_fleet(processes, redis_url, redis_keys, env: dict[str, str]):
     """(gateway address, upstream URL): one node process behind one gateway process."""
     process = processes.start(
         "upstream", [sys.executable, "-m", "tests.routing.http_upstream"], ready_text="READY"
@@ -41,9 +40,15 @@ def fleet(redis_keys, redis_url, processes):
     client = redis.Redis.from_url(redis_url)
     write(client, redis_keys, make_snapshot((make_node(1, upstream),)))
     client.close()
-    url = start_gateway(processes, redis_url, redis_keys, env={"GORGO_CLIENT_MAX_HEADERS": "50"})
+    url = start_gateway(processes, redis_url, redis_keys, env=env)
     host, port = url.removeprefix("http://").split(":")
     return (host, int(port)), upstream
+
+
+@pytest.fixture
+def fleet(redis_keys, redis_url, processes):
+    """(gateway address, upstream URL): one node process behind one gateway process."""
+    return start_fleet(processes, redis_url, redis_keys, {"GORGO_CLIENT_MAX_HEADERS": "50"})
 
 
 def body(stub: dict | None = None, stream: bool = False, pad: int = 0) -> bytes:
@@ -328,18 +333,8 @@ class TestLimitsAndSmuggling:
 @pytest.fixture
 def tight_fleet(redis_keys, redis_url, processes):
     """Like ``fleet``, with a 10 kB body limit and a 1 s send timeout."""
-    process = processes.start(
-        "upstream", [sys.executable, "-m", "tests.routing.http_upstream"], ready_text="READY"
-    )
-    port = re.search(r"READY (\d+)", process.log()).group(1)
-    upstream = f"http://127.0.0.1:{port}"
-    client = redis.Redis.from_url(redis_url)
-    write(client, redis_keys, make_snapshot((make_node(1, upstream),)))
-    client.close()
     env = {"GORGO_MAX_BODY_BYTES": "10000", "GORGO_CLIENT_SEND_TIMEOUT_S": "1"}
-    url = start_gateway(processes, redis_url, redis_keys, env=env)
-    host, port = url.removeprefix("http://").split(":")
-    return (host, int(port)), upstream
+    return start_fleet(processes, redis_url, redis_keys, env)
 
 
 def openai_error(reply: bytes, status: int) -> dict:
