@@ -22,6 +22,7 @@ import pytest
 from telemetry.vllm_metrics import parse_metrics
 from tests.conformance.conftest import Pair
 from tests.conformance.kv_wire import END_SEQ, GorgoWatcher, Subscriber, decode_payload, replay
+from tests.support.waiting import wait_until
 
 BOS = 128000
 FIGURES = Path(__file__).resolve().parents[2] / "var" / "test-logs" / "restart_to_empty.json"
@@ -301,7 +302,13 @@ def test_a_restarted_engine_publishes_from_sequence_zero(target: Pair, http: htt
         restart_s = time.time()
         target.restart("connect")
         ready_s = time.time()
-        assert watcher.emptied_at is not None and watcher.emptied_at < ready_s
+        # Real vLLM takes ~30 s to come back, and gorgo's index is empty long before. The emulator
+        # is back within milliseconds, sometimes before the relay's "publisher gone" has reached the
+        # watcher's loop: there the emptying is waited for (bounded), not ordered against readiness.
+        wait_until(lambda: watcher.emptied_at is not None, 5.0, what="gorgo's index to empty")
+        assert watcher.emptied_at is not None
+        if target.kind == "vllm":
+            assert watcher.emptied_at < ready_s
         assert watcher.blocks() == 0 and watcher.mode() == "approximate"  # no stale precise prediction
         restart_to_empty_s = watcher.emptied_at - restart_s
         sys.stderr.write(
