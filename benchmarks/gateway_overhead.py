@@ -643,6 +643,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     uvicorn_port = r"Uvicorn running on http://127\.0\.0\.1:(\d+)"
+    gorgo_port = r"listening on http://127\.0\.0\.1:(\d+)"
     mocks = [
         _start(f"mock-{i}", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
         for i in range(UPSTREAMS)
@@ -677,14 +678,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
         suffix = ("-frontdoor" if front_door else "") + ("-tracing" if tracing else "")
-        port = free_port() if workers > 1 else 0  # uvicorn's workers need a fixed port
         target = _start(
             f"gorgo-{algorithm}{suffix}-x{workers}",
-            [python, "-m", "routing", "--port", str(port), "--region", "bench", "--workers", str(workers)],
+            [python, "-m", "routing", "--port", "0", "--region", "bench", "--workers", str(workers)],
             workdir,
             env,
-            port=port or None,
-            port_pattern=None if port else uvicorn_port,
+            port_pattern=gorgo_port,
+        )
+        wait_until(  # every worker listening, not just the first
+            lambda: target.log_path.read_text(errors="replace").count("listening on") >= workers,
+            30.0,
+            what=f"{workers} workers listening",
         )
         target.note = f"policy {algorithm}, {len(upstreams)} nodes, {workers} worker(s), request log on"
         if front_door:

@@ -135,7 +135,7 @@ def main() -> int:
         [sys.executable, "-m", "routing", "--port", "0", "--region", "bench"],
         workdir,
         {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info", "GORGO_AUTH": args.auth},
-        port_pattern=r"Uvicorn running on http://127\.0\.0\.1:(\d+)",
+        port_pattern=r"listening on http://127\.0\.0\.1:(\d+)",
     )
     auth = bench.BENCH_SECRET if args.auth == "on" else ""
     raw = args.raw or workdir / "stacks.txt"

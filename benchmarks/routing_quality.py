@@ -292,7 +292,7 @@ def start_gateways(
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
     urls: dict[str, str] = {}
-    pattern = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+    pattern = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
     for region, proc in zip(regions, procs, strict=True):
         url = wait_ready(proc, lambda proc=proc: (m := pattern.search(proc.log())) and m.group(1))
         wait_ready(proc, lambda url=url: answers(f"{url}/healthz"))  # 200 once the policy is loaded
