@@ -96,11 +96,13 @@ class ClientStats:
         "header_timeouts",
         "idle",
         "rejected_connections",
+        "requests",
         "send_timeouts",
     )
 
     def __init__(self) -> None:
         self.connections: set[ClientConnection] = set()
+        self.requests: set[asyncio.Task[None]] = set()  # the handlers running, for a graceful stop
         # Idle connections, oldest first (a dict keeps insertion order; re-insertion moves to the end).
         self.idle: dict[ClientConnection, None] = {}
         self.by_address: dict[str, int] = {}  # client address -> connections open from it
@@ -584,7 +586,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _begin(self, request: ClientRequest) -> None:
         self._current = request
-        self.loop.create_task(self._run(request))
+        self._stats.requests.add(self.loop.create_task(self._run(request)))
 
     async def _run(self, request: ClientRequest) -> None:
         try:
@@ -604,6 +606,8 @@ class ClientConnection(asyncio.Protocol):
             if not request.response_complete and not request.disconnected:
                 logger.error("the handler returned without finishing its answer: %s", request.path)
                 self.transport.close()
+        finally:
+            self._stats.requests.discard(asyncio.current_task(self.loop))  # type: ignore[arg-type]
 
     def response_complete(self, request: ClientRequest) -> None:
         """The answer to ``request`` went out: linger, close, or serve the next one."""

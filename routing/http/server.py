@@ -33,6 +33,7 @@ from routing.http.client_side import ClientConnection, connection_factory
 logger = logging.getLogger("routing.server")
 
 _BACKLOG = 2048
+_REQUESTS_END_S = 5.0  # after the grace period: for cancelled requests to record themselves
 _RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement: a crash loop stays slow
 
 
@@ -84,8 +85,9 @@ class GatewayServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(drained.wait(), self.config.shutdown_grace_s)
         for connection in list(connections):
-            connection.transport.close()  # past the grace period: the client hears a disconnect
-        await asyncio.sleep(0)  # let the cancelled requests record themselves
+            connection.transport.close()  # past the grace period: the request hears a disconnect
+        if stats.requests:  # let them end (cancelled ones record a 499) before the log is flushed
+            await asyncio.wait(set(stats.requests), timeout=_REQUESTS_END_S)
         await self.gateway.shutdown()
 
 
