@@ -155,6 +155,7 @@ class ClientRequest:
         "path",
         "response_complete",
         "response_started",
+        "task",
     )
 
     def __init__(
@@ -182,6 +183,7 @@ class ClientRequest:
         self.response_complete = False
         self.disconnected = False
         self.on_disconnect: Callable[[], object] | None = None
+        self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
 
     # ---- the request body --------------------------------------------------------------------
 
@@ -586,7 +588,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _begin(self, request: ClientRequest) -> None:
         self._current = request
-        self._stats.requests.add(self.loop.create_task(self._run(request)))
+        request.task = task = self.loop.create_task(self._run(request))
+        self._stats.requests.add(task)
 
     async def _run(self, request: ClientRequest) -> None:
         try:
@@ -607,7 +610,7 @@ class ClientConnection(asyncio.Protocol):
                 logger.error("the handler returned without finishing its answer: %s", request.path)
                 self.transport.close()
         finally:
-            self._stats.requests.discard(asyncio.current_task(self.loop))  # type: ignore[arg-type]
+            self._stats.requests.discard(request.task)  # type: ignore[arg-type]
 
     def response_complete(self, request: ClientRequest) -> None:
         """The answer to ``request`` went out: linger, close, or serve the next one."""
