@@ -24,7 +24,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
 
 from routing.app import Gateway
 from routing.config import GatewayConfig
@@ -97,14 +96,11 @@ async def serve(
     stop: asyncio.Event,
     *,
     gateway: Gateway | None = None,
-    on_ready: Callable[[GatewayServer], object] | None = None,
 ) -> None:
     """Serve on ``sock`` until ``stop`` is set, then stop gracefully."""
     server = GatewayServer(gateway if gateway is not None else Gateway(config), config)
     await server.start(sock)
     logger.info("listening on http://%s:%d (pid %d)", config.host, server.port, os.getpid())
-    if on_ready is not None:
-        on_ready(server)
     try:
         await stop.wait()
     finally:
@@ -132,8 +128,10 @@ def _run_process(config: GatewayConfig, sock: socket.socket) -> int:
 
 def _worker(port: int) -> None:
     """A worker process: its own configuration (its own gateway id) and listening socket."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is not the worker's
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which forwards SIGTERM
+    # The parent's handlers are not the worker's: its loop handles SIGTERM and SIGINT (Ctrl-C in a
+    # terminal reaches the whole process group) as a graceful stop.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     config = GatewayConfig.from_env()
     sock = listening_socket(config.host, port, reuse_port=True)
     sys.exit(_run_process(config, sock))
