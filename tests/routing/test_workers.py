@@ -97,6 +97,7 @@ def test_two_workers_serve_one_port_and_share_what_they_have_in_flight(redis_key
 
 RATE_SECRET = "gorgo-sk-rate-two-workers"
 CONCURRENT_SECRET = "gorgo-sk-conc-two-workers"
+OPEN_SECRET = "gorgo-sk-open-two-workers"  # no limits: the drain check is not about them
 
 
 def keyed_requests(port: int, secret: str, count: int, payload: bytes) -> list[int]:
@@ -127,6 +128,7 @@ def test_two_workers_admit_exactly_a_keys_limits_and_drain_on_sigterm(redis_keys
     keys = (
         make_key(RATE_SECRET, "rate", requests_per_min=10),
         make_key(CONCURRENT_SECRET, "conc", max_concurrent=3),
+        make_key(OPEN_SECRET, "open"),
     )
     write(client, redis_keys, ClientKeySet(SCHEMA_VERSION, 1, time.time(), keys))
     processes.start(
@@ -162,7 +164,7 @@ def test_two_workers_admit_exactly_a_keys_limits_and_drain_on_sigterm(redis_keys
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=20)
     stream = body({"events": 30, "chunk_delay_s": 0.05}, stream=True)
-    sock.sendall(request(stream, b"Authorization: Bearer " + CONCURRENT_SECRET.encode()))
+    sock.sendall(request(stream, b"Authorization: Bearer " + OPEN_SECRET.encode()))
     reader = Reader(sock)
     sock.settimeout(20)
     first = sock.recv(65536)
