@@ -191,7 +191,10 @@ def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
 
 
 def _lone(node: NodeSpec) -> _Fleet:
-    # Not cached: a lone candidate is priced once per request, and would crowd the cache.
+    """``node`` as the only candidate (pricing), cached per node object like ``_fleet``."""
+    entry = _LONE.get(id(node))
+    if entry is not None and entry.candidates[0] is node:
+        return entry
     rate = node.prefill_tokens_per_s
     max_seqs = max(node.max_num_seqs, 1)
     constants = (
@@ -203,7 +206,11 @@ def _lone(node: NodeSpec) -> _Fleet:
         max_seqs,
         max_seqs * CAPACITY_FACTOR,
     )
-    return _Fleet((node,), (constants,), (1,))
+    fleet = _Fleet((node,), (constants,), (1,))
+    if len(_LONE) >= _LONE_KEPT:
+        _LONE.clear()
+    _LONE[id(node)] = fleet
+    return fleet
 
 
 def _evaluate(
@@ -362,6 +369,8 @@ _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE, _RTT, _QUEUE, _PREFILL = 0, 1, 2, 3, 4
 _DISPLACEMENT_FACTOR = 9
 _FLEETS: dict[int, _Fleet] = {}
 _FLEETS_KEPT = 64
+_LONE: dict[int, _Fleet] = {}
+_LONE_KEPT = 1024
 
 
 def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:

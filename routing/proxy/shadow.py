@@ -13,7 +13,7 @@ bookkeeping or the network: the shadow serves nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from routing.algorithms import gorgo
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
@@ -23,9 +23,11 @@ from routing.state.trials import TrialRoute
 _PRICING_PARAMS = GorgoParams()
 
 
-@dataclass(frozen=True, slots=True)
-class ShadowOutcome:
-    """What the shadow would have done, and the live decision's terms when its algorithm gave none."""
+class ShadowOutcome(msgspec.Struct, frozen=True):
+    """What the shadow would have done, and the live decision's terms when its algorithm gave none.
+
+    A struct, not a frozen dataclass: one is built per request, and msgspec builds it in C.
+    """
 
     trial_id: int
     node: NodeSpec | None  # None: the shadow has no eligible node for the model
