@@ -112,7 +112,7 @@ def measure_all(iterations: int) -> list[dict]:
             route = Proxy._route
             candidates = on_table.candidates[MODEL]
 
-            def one(table, prompt: str) -> int:
+            def one(table, prompt: str, route=route, proxy=proxy, candidates=candidates) -> int:
                 exchange = SimpleNamespace(shadow=None)
                 start = clock()
                 route(proxy, table, candidates, request, prompt, None, None, exchange)  # type: ignore[arg-type]
