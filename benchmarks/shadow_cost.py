@@ -187,7 +187,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, help="another checkout to measure side by side (e.g. main)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=int(os.environ.get("SHADOW_COST_ITERATIONS", "2000")))
+    parser.add_argument(
+        "--iterations", type=int, default=int(os.environ.get("SHADOW_COST_ITERATIONS", "2000"))
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
