@@ -116,23 +116,32 @@ def choose_with(
 
 
 def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams) -> tuple[Decision, Decision]:
-    """``choose`` under the view's parameters and under ``other``, which may differ only in weights.
+    """``choose`` under the view's parameters and under ``other`` (gorgo's parameters both).
 
-    A shadow that moves gorgo's weights (issue 23) decides on the same per-node terms (RTT, queue,
-    prefill, the displacement's factor), which do not depend on the weights: they are computed
-    once and only the totals are weighed again, so the shadow costs a pick, not a decision.
-    ``other.default_rtt_ms`` must be the view's (it changes a term, not a weight).
+    A shadow that moves gorgo's weights (issue 23) decides on the same per-node terms (queue,
+    prefill, the displacement's factor, RTT), which do not depend on the weights: they are
+    computed once and only the totals are weighed again, so the shadow costs a pick, not a
+    decision. Another ``default_rtt_ms`` changes one term, the RTT of the nodes not measured yet:
+    only those rows change.
     """
     params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
     totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, True)
+    other_rows = rows
+    if other.default_rtt_ms != params.default_rtt_ms:
+        measured = view.rtt_ms
+        default_rtt_ms = other.default_rtt_ms
+        other_rows = [
+            row if row[_NODE].id in measured else (*row[:_RTT], default_rtt_ms, *row[_RTT + 1 :])
+            for row in rows
+        ]
     w_rtt, w_queue, w_displacement = other.w_rtt, other.w_queue, other.w_displacement
     reweighed = [
         w_rtt * row[_RTT] + w_queue * row[_QUEUE] + row[_PREFILL] + w_displacement * row[_DISPLACEMENT_FACTOR]
-        for row in rows
+        for row in other_rows
     ]
     return (
         _decide(totals, rows, full, params.w_displacement, ALL_GUARDS, view, True),
-        _decide(reweighed, rows, full, w_displacement, ALL_GUARDS, view, True),
+        _decide(reweighed, other_rows, full, w_displacement, ALL_GUARDS, view, True),
     )
 
 
