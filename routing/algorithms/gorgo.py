@@ -57,6 +57,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
 from routing.contract import CostTerms, GorgoParams, NodeSpec
@@ -162,7 +163,7 @@ def _rows(
         node_id = node.id
         load = load_of(node_id, _NO_LOAD)
         requests = load.outstanding_requests
-        running = requests
+        running = float(requests)  # a float: scraped counts may replace it
         if any_live:
             live = live_of(node_id)
             if live is not None and live.num_running is not None:
@@ -232,7 +233,9 @@ def _decide(rows: list[_Row], guards: Guards, view: RoutingView) -> Decision:
     winner = _pick(pool, guards.spread_ties, view)
     runner_up = None
     for row in pool if len(pool) > 1 else rows:
-        if row is not winner and (runner_up is None or row[_TOTAL] < runner_up[_TOTAL]):
+        # By node, not by row: compiled (routing/native.py), a row is an unboxed tuple whose
+        # identity is not kept; each candidate node is one object in one row.
+        if row[_NODE] is not winner[_NODE] and (runner_up is None or row[_TOTAL] < runner_up[_TOTAL]):
             runner_up = row
     return Decision(
         node=winner[_NODE],
@@ -244,8 +247,17 @@ def _decide(rows: list[_Row], guards: Guards, view: RoutingView) -> Decision:
 # One candidate's valuation. A plain tuple: building 64 of them per decision is the hot loop, and
 # a tuple costs a fraction of a class instance.
 _Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int, float, float]
-_TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE, _RTT, _QUEUE, _PREFILL = 0, 1, 2, 3, 4, 5, 6, 7
-_DISPLACEMENT, _DISPLACEMENT_FACTOR = 10, 11
+# Final: a literal index tells the type checker (and mypyc, which compiles this module) each field's type.
+_TOTAL: Final = 0
+_REQUESTS: Final = 1
+_PREFILL_TOKENS: Final = 2
+_FULL: Final = 3
+_NODE: Final = 4
+_RTT: Final = 5
+_QUEUE: Final = 6
+_PREFILL: Final = 7
+_DISPLACEMENT: Final = 10
+_DISPLACEMENT_FACTOR: Final = 11
 
 
 def _terms(row: _Row) -> CostTerms:
