@@ -75,6 +75,7 @@ bench: install
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
+	$(PY) benchmarks/hotpath.py && \
 	$(PY) benchmarks/shared_limits_wan.py && \
 	$(PY) benchmarks/routing_decision.py && \
 	$(PY) benchmarks/shadow_cost.py && \

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from routing.env import parse_bool
+
 # Typed, free of I/O, and on every request's path (measured in benchmarks/native_speed.py).
 MODULES = (
     "routing.algorithms.base",
@@ -39,7 +41,9 @@ MODULES = (
     "routing.algorithms.round_robin",
     "routing.algorithms.session_affinity",
     "routing.frontdoor.auth",
+    "routing.frontdoor.concurrency",
     "routing.frontdoor.front_door",
+    "routing.frontdoor.ratelimit",
 )
 GROUP = "gorgo_native"  # the shared library's name: gorgo_native__mypyc
 PURE_ENV = "GORGO_PURE_PYTHON"
@@ -127,10 +131,21 @@ def current_build() -> Path | None:
     return None
 
 
+def pure_python_requested() -> bool:
+    """``GORGO_PURE_PYTHON`` (unset or empty: no), spelled as every gorgo boolean (routing/env.py)."""
+    raw = os.environ.get(PURE_ENV, "")
+    if not raw.strip():
+        return False
+    try:
+        return parse_bool(raw)
+    except ValueError as exc:
+        raise ValueError(f"{PURE_ENV}: {exc}") from None
+
+
 def compiled_finder() -> _CompiledFinder | None:
     """The finder of the current build's modules; None under ``GORGO_PURE_PYTHON=1`` or with no
     complete build of the current sources."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if pure_python_requested():
         return None
     build = current_build()
     if build is None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from routing import native
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,3 +73,6 @@ def test_no_build_or_pure_python_leaves_the_source_modules(tmp_path, monkeypatch
     assert native.compiled_finder() is not None
     monkeypatch.setattr(native, "_BUILDS", tmp_path / "nothing-here")
     assert native.compiled_finder() is None
+    monkeypatch.setenv(native.PURE_ENV, "maybe")
+    with pytest.raises(ValueError, match="GORGO_PURE_PYTHON"):
+        native.compiled_finder()
