@@ -181,7 +181,9 @@ def end_to_end(rounds: int, seconds: float, main_checkout: Path | None) -> dict[
         for label, (python, env, cwd) in variants.items():
             gateways[label] = bench._start(
                 f"gateway-{label}",
-                [*python, "-m", "routing", "--port", "0", "--region", "bench"],
+                # -P: not the working directory (this tree) first on sys.path, but PYTHONPATH's
+                # checkout, so `main` runs main's code.
+                [*python, "-P", "-m", "routing", "--port", "0", "--region", "bench"],
                 workdir,
                 {**base_env, **env, "PYTHONPATH": str(cwd)},
                 port_pattern=r"running on http://127\.0\.0\.1:(\d+)",
@@ -223,7 +225,8 @@ def _markdown(report: dict[str, Any]) -> str:
         "# Hot path: compiled vs pure Python, and the per-request work moved off the path",
         "",
         f"{report['generated_at']}, {report['machine']['load']}. `python benchmarks/hotpath.py` "
-        f"({report['method']}).",
+        f"({report['method']}) at {report.get('commit', '?')}; `main` is {report.get('main_commit', 'not run')}, "
+        "the commit this change started from.",
         "",
         "## In-process (µs per call, median of rounds; ratio = compiled / pure, per round)",
         "",
