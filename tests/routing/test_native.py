@@ -30,6 +30,7 @@ def _battery(pure: bool) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.timeout(600)  # a build, when `make test` did not make one first, takes minutes on a busy machine
 def test_compiled_and_pure_modules_give_the_same_decisions_and_verdicts():
     native.build()  # reused when `make test` built it already (keyed by the sources' hash)
     compiled = _battery(pure=False)
@@ -62,6 +63,7 @@ def test_a_build_is_used_only_while_its_sources_are_unchanged(tmp_path, monkeypa
     assert native.current_build() is None
 
 
+@pytest.mark.timeout(600)
 def test_no_build_or_pure_python_leaves_the_source_modules(tmp_path, monkeypatch):
     native.build()
     monkeypatch.delenv(native.PURE_ENV, raising=False)
