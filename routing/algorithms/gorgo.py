@@ -58,6 +58,7 @@ import math
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.contract import CostTerms, GorgoParams, NodeSpec
@@ -275,7 +276,7 @@ def _evaluate(
         else:
             requests = load.outstanding_requests
             prefill_tokens = load.outstanding_prefill_tokens
-        running = requests
+        running = float(requests)  # a float: scraped counts may replace it
         if live_of is not None:
             live = live_of(node_id)
             if live is not None and live.num_running is not None:
@@ -374,8 +375,15 @@ def _decide(
 # tuple costs a fraction of a class instance); its total is in a list beside it, so a shadow that
 # only moves the weights weighs the same rows again.
 _Row = tuple[int, int, bool, NodeSpec, float, float, float, int, int, float]
-_REQUESTS, _PREFILL_TOKENS, _FULL, _NODE, _RTT, _QUEUE, _PREFILL = 0, 1, 2, 3, 4, 5, 6
-_DISPLACEMENT_FACTOR = 9
+# Final: a literal index tells the type checker (and mypyc, which compiles this module) each field's type.
+_REQUESTS: Final = 0
+_PREFILL_TOKENS: Final = 1
+_FULL: Final = 2
+_NODE: Final = 3
+_RTT: Final = 4
+_QUEUE: Final = 5
+_PREFILL: Final = 6
+_DISPLACEMENT_FACTOR: Final = 9
 _FLEETS: dict[int, _Fleet] = {}
 _FLEETS_KEPT = 64
 _LONE: dict[int, _Fleet] = {}
