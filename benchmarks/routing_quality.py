@@ -287,7 +287,7 @@ def start_gateways(
             "GORGO_GATEWAY_PORT": "0",
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
-            "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "LOG_LEVEL": "info",  # the gateway logs the port it bound at info
             "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
