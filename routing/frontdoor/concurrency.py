@@ -55,7 +55,7 @@ from redis.exceptions import RedisError
 
 from routing.background import sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
-from routing.frontdoor.ratelimit import RedisBackoff
+from routing.frontdoor.ratelimit import RedisBackoff, warm
 
 logger = logging.getLogger("routing.concurrency")
 
@@ -134,6 +134,7 @@ class ConcurrencyLimiter:
         self.slots: dict[str, _Slots] = {}
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self.fallbacks = 0  # admissions decided by this gateway's own count: Redis unreachable
         self.calls = 0  # lease calls made (misses and renewals)
 
@@ -252,10 +253,13 @@ class ConcurrencyLimiter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="gorgo-concurrency-leases")
+        self._warming = asyncio.create_task(warm(self._redis, self._lease), name="gorgo-concurrency-warm")
 
     async def close(self) -> None:
         """Give every slot back (a lease of what is still open, usually none)."""
         self._closing.set()
+        if self._warming is not None:
+            await stop_tasks([self._warming], grace_s=1.0)
         if self._task is not None:
             await stop_tasks([self._task], grace_s=self._renew_s + 1.0)
         for slots in self.slots.values():
