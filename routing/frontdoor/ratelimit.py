@@ -203,8 +203,10 @@ async def warm(redis: Redis, *scripts: AsyncScript) -> None:
     (and two more for a script Redis did not hold): the routing benchmark's far gateways spent
     three round trips on their first request (``--shared-state wan --front-door``)."""
     try:
+        pipe = redis.pipeline(transaction=False)  # one round trip for all of them
         for script in scripts:
-            await redis.script_load(script.script)
+            pipe.script_load(script.script)
+        await pipe.execute()
     except (RedisError, OSError, TimeoutError) as exc:
         logger.debug("limits: could not warm the Redis connection (%s); the first call will", exc)
 

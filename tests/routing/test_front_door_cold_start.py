@@ -76,8 +76,10 @@ async def test_start_connects_and_loads_the_scripts_before_any_request(redis_url
         assert limiter._warming is not None and concurrency._warming is not None
         await limiter._warming
         await concurrency._warming
-        assert client.commands == ["SCRIPT LOAD"] * 3  # rate check, settle; concurrency lease
-        assert client.connection_pool._available_connections  # connected, idle, ready
+        # Connected and idle before any request: the first one does not pay the connection.
+        assert client.connection_pool._available_connections
+        shas = [limiter._check.sha, limiter._settle.sha, concurrency._lease.sha]
+        assert await client.script_exists(*shas) == [True, True, True]
     finally:
         await limiter.close()
         await concurrency.close()
