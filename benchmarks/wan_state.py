@@ -182,10 +182,12 @@ def wan_summary(
             g_loop, g_wan = _median(loop["gorgo"], pick), _median(wan["gorgo"], pick)
             base = _median(regional, pick) if regional else None
             entry = {"gorgo_loopback_ms": g_loop, "gorgo_wan_ms": g_wan, "regional_ms": base}
-            if base is not None and g_loop is not None and g_wan is not None and base != g_loop:
+            if base is not None and g_loop is not None and g_wan is not None:
                 entry["advantage_loopback_ms"] = base - g_loop
                 entry["advantage_wan_ms"] = base - g_wan
-                entry["advantage_surviving"] = (base - g_wan) / (base - g_loop)
+                # A share of an advantage only where there was one with loopback Redis.
+                if base > g_loop:
+                    entry["advantage_surviving"] = (base - g_wan) / (base - g_loop)
             row[label] = entry
         by_region: dict[str, Any] = {}
         for region in rtts:
