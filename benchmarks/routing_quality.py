@@ -66,6 +66,17 @@ from routing_quality_report import (  # this directory is on sys.path
     summarize_run,
     write_outputs,
 )
+from wan_state import (
+    SHARED_STATES,
+    WAN_SUFFIX,
+    WanRedis,
+    home_region,
+    publish_bench_key,
+    start_wan_redis,
+    state_rtts_ms,
+    summary_markdown,
+    wan_summary,
+)
 
 from routing.contract import (
     ALGORITHMS,
@@ -277,8 +288,13 @@ def start_gateways(
     redis_url: str,
     prefix: str,
     command: tuple[str, ...] = ("-m", "routing"),
+    *,
+    front_door: bool = False,
+    region_env: dict[str, dict[str, str]] | None = None,
 ) -> tuple[list[Proc], dict[str, str]]:
-    """One gateway per region (``command``: the Python arguments that run one)."""
+    """One gateway per region (``command``: the Python arguments that run one).
+
+    ``region_env``: a region's own settings (``REDIS_URL`` through that region's WAN delay)."""
     procs: list[Proc] = []
     for region in regions:
         env = {
@@ -288,7 +304,10 @@ def start_gateways(
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
             "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
-            "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
+            # Routing quality, not the front door (gateway_overhead.py measures its cost), unless
+            # a run asks for it (--front-door: what shared limits add over the WAN).
+            "GORGO_AUTH": "on" if front_door else "off",
+            **(region_env or {}).get(region, {}),
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
     urls: dict[str, str] = {}
@@ -331,7 +350,10 @@ def find_peer() -> str | None:
 # ---- what the control plane and telemetry would write ------------------------------------------
 
 
-def node_specs(topology: Topology, fleet: FleetProc) -> tuple[NodeSpec, ...]:
+def node_specs(
+    topology: Topology, fleet: FleetProc, prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
+) -> tuple[NodeSpec, ...]:
+    """The nodes as the policy describes them (``prefill_tokens_per_s``: what it is told)."""
     specs = []
     for node_id, (spec, node) in enumerate(zip(topology.nodes, fleet.nodes, strict=True), start=1):
         assert spec.name == node["name"]
@@ -345,7 +367,7 @@ def node_specs(topology: Topology, fleet: FleetProc) -> tuple[NodeSpec, ...]:
                 gpu_type=spec.gpu_type,
                 gpu_count=spec.gpu_count,
                 max_num_seqs=spec.engine.max_num_seqs,
-                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+                prefill_tokens_per_s=prefill_tokens_per_s,
                 kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
             )
         )
@@ -359,28 +381,14 @@ def publish_policy(
     nodes: tuple[NodeSpec, ...],
     algorithm: str,
     overrides: dict[str, Any] | None = None,
+    rtt_scale: float = 1.0,
 ) -> None:
     """Write the RTT table and the policy snapshot, as telemetry and the control plane would.
 
     ``overrides`` set policy parameters the algorithm has (the others are ignored): the policy's
     own (``GORGO_POLICIES``) and a run's ``--param``s.
     """
-    now_s = time.time()
-    entries = tuple(
-        RTTEntry(
-            region=region.slug,
-            node_id=node.id,
-            # What a probe's EWMA converges to: the base RTT plus the mean of the additive jitter.
-            rtt_ms=topology.rtt_ms(region.slug, node.region)
-            + topology.jitter_ms(region.slug, node.region) / 2,
-            jitter_ms=topology.jitter_ms(region.slug, node.region),
-            samples=100,
-            updated_at=now_s,
-        )
-        for region in topology.regions
-        for node in nodes
-    )
-    client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now_s, entries)))
+    publish_rtt(client, keys, topology, nodes, rtt_scale)
     model = topology.nodes[0].model
     snapshot = make_snapshot(
         nodes,
@@ -392,6 +400,34 @@ def publish_policy(
     )
     if not write(client, keys, snapshot):
         raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
+
+
+def publish_rtt(
+    client: redis.Redis,
+    keys: RedisKeys,
+    topology: Topology,
+    nodes: tuple[NodeSpec, ...],
+    rtt_scale: float = 1.0,
+) -> None:
+    """The RTT table telemetry's probes would write (``rtt_scale``: a table that far off)."""
+    now_s = time.time()
+    entries = tuple(
+        RTTEntry(
+            region=region.slug,
+            node_id=node.id,
+            # What a probe's EWMA converges to: the base RTT plus the mean of the additive jitter.
+            rtt_ms=(
+                topology.rtt_ms(region.slug, node.region) + topology.jitter_ms(region.slug, node.region) / 2
+            )
+            * rtt_scale,
+            jitter_ms=topology.jitter_ms(region.slug, node.region),
+            samples=100,
+            updated_at=now_s,
+        )
+        for region in topology.regions
+        for node in nodes
+    )
+    client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now_s, entries)))
 
 
 def _params(algorithm: str, overrides: dict[str, Any]) -> Any:
@@ -416,6 +452,12 @@ class RunSpec:
     requests: int
     seed: int = 1
     param_overrides: dict[str, float] = field(default_factory=dict)
+    shared_state: str = "loopback"  # or "wan": the gateways reach Redis through their region's delay
+    front_door: bool = False  # a client key with limits on every gateway request
+    # Wrong inputs (benchmarks/routing_sensitivity.py): the policy is told prefill speeds this many
+    # times the nodes' real one, and an RTT table this many times the real round trips.
+    told_prefill_scale: float = 1.0
+    told_rtt_scale: float = 1.0
 
 
 @dataclass
@@ -483,6 +525,7 @@ async def drive(
     node_urls: dict[str, str],
     warmup_requests: int,
     outages: OutageActions | None = None,
+    api_key: str | None = None,
 ) -> tuple[list[RequestResult], dict[str, dict[str, float]], dict[str, Any]]:
     """Send the plan; snapshot the nodes' counters when the warm-up ends and after the last answer.
 
@@ -503,7 +546,9 @@ async def drive(
 
         warm = asyncio.create_task(at_warm_end())
         faults = asyncio.create_task(apply_outages(plan, outages, http)) if outages and plan.outages else None
-        results = await run_plan(plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S)
+        results = await run_plan(
+            plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S, api_key=api_key
+        )
         before = await warm
         if faults is not None:
             await faults
@@ -570,8 +615,10 @@ def run_once(
     client = redis.Redis.from_url(redis_url)
     prefix = f"gorgobench-rq-{uuid.uuid4().hex[:12]}"
     keys = RedisKeys(prefix=prefix)
+    wan: WanRedis | None = None
+    api_key: str | None = None
     try:
-        nodes = node_specs(topology, fleet)
+        nodes = node_specs(topology, fleet, PREFILL_TOKENS_PER_S * spec.told_prefill_scale)
         if spec.policy in PEERS:
             assert router is not None
             peer_procs, targets = start_peers(
@@ -581,9 +628,27 @@ def run_once(
         else:
             algorithm, policy_params = GORGO_POLICIES[spec.policy]
             publish_policy(
-                client, keys, topology, nodes, algorithm, {**policy_params, **spec.param_overrides}
+                client,
+                keys,
+                topology,
+                nodes,
+                algorithm,
+                {**policy_params, **spec.param_overrides},
+                rtt_scale=spec.told_rtt_scale,
             )
-            gateway_procs, targets = start_gateways(workdir, regions, redis_url, prefix)
+            if spec.shared_state == "wan":
+                home = home_region(topology, spec.scenario.client_shares)
+                wan = start_wan_redis(redis_url, state_rtts_ms(topology, home), workdir, ROOT)
+            if spec.front_door:
+                api_key = publish_bench_key(client, keys)
+            gateway_procs, targets = start_gateways(
+                workdir,
+                regions,
+                redis_url,
+                prefix,
+                front_door=spec.front_door,
+                region_env=wan.gateway_env() if wan is not None else None,
+            )
             procs += gateway_procs
         home_targets = dict(targets)
 
@@ -602,7 +667,7 @@ def run_once(
             on_detected,
         )
         node_urls = {node["name"]: node["url"] for node in fleet.nodes}
-        results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages))
+        results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages, api_key))
         window_s = plan.arrivals[-1].at_s - plan.arrivals[min(warmup, len(plan.arrivals) - 1)].at_s
         records: list[RequestRecord] = []
         if spec.policy not in PEERS:
@@ -617,6 +682,8 @@ def run_once(
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if wan is not None:
+            wan.stop()
         delete_namespace(client, prefix)
         client.close()
 
@@ -710,6 +777,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-peer", action="store_true", help=f"skip {PEER} even if installed")
     parser.add_argument(
+        "--shared-state",
+        default="loopback",
+        help="comma-separated, of loopback (Redis beside every gateway) and wan (Redis in the region "
+        "with the most clients, the others' gateways through their RTT to it; reported as "
+        f"<workload>{WAN_SUFFIX}); gateway policies only (benchmarks/wan_state.py)",
+    )
+    parser.add_argument(
+        "--front-door",
+        action="store_true",
+        help="gateways with the front door on and one client key with rate and max_concurrent limits",
+    )
+    parser.add_argument(
         "--out",
         default=None,
         help="output path without extension (default: benchmarks/results/routing_quality; var/routing_quality_quick with --quick)",
@@ -800,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS})
     if unknown:
         raise SystemExit(f"unknown policy(ies) {unknown}")
+    shared_states = [state.strip() for state in args.shared_state.split(",") if state.strip()]
+    if not shared_states or set(shared_states) - set(SHARED_STATES):
+        raise SystemExit(f"--shared-state: comma-separated, of {', '.join(SHARED_STATES)}")
     notes: list[str] = []
     param_overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
     if param_overrides:
@@ -822,27 +904,52 @@ def main(argv: list[str] | None = None) -> int:
     started_s = time.perf_counter()
     runs: dict[str, dict[str, list[RunFigures]]] = {}
     fleets: dict[str, dict[str, Any]] = {}
+    shared_state_rtts: dict[str, dict[str, float]] = {}  # scenario -> region -> RTT to Redis
     failed = False
     for scenario, topology in scenarios:
         rate = args.rate or scenario_rate(scenario, topology)
         fleets[scenario.name] = describe_fleet(scenario, topology, rate)
+        if "wan" in shared_states:
+            home = home_region(topology, scenario.client_shares)
+            shared_state_rtts[scenario.name] = state_rtts_ms(topology, home)
+            fleets[scenario.name + WAN_SUFFIX] = {
+                **fleets[scenario.name],
+                "redis_region": home,
+                "shared_state_rtt_ms": shared_state_rtts[scenario.name],
+            }
         for seed in seeds:
-            for policy in policies:
+            # Rounds taken in turns (loopback, then WAN, per policy) so machine noise hits both.
+            for policy, shared_state in (
+                (policy, state)
+                for policy in policies
+                for state in shared_states
+                if state == "loopback" or policy not in PEERS  # routers do not use Redis
+            ):
                 if (
                     policy in OVERFLOW_ONLY_POLICIES
                     and scenario.name not in OVERFLOW_SCENARIOS
                     and not args.policies
                 ):
                     continue
+                name = scenario.name + (WAN_SUFFIX if shared_state == "wan" else "")
                 print(
-                    f"{scenario.name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
+                    f"{name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
                     end=" ",
                     flush=True,
                 )
                 run_started_s = time.perf_counter()
                 try:
                     output = run_once(
-                        RunSpec(scenario, policy, rate, requests, seed, param_overrides),
+                        RunSpec(
+                            scenario,
+                            policy,
+                            rate,
+                            requests,
+                            seed,
+                            param_overrides,
+                            shared_state=shared_state,
+                            front_door=args.front_door,
+                        ),
                         topology,
                         redis_url,
                         workdir,
@@ -851,14 +958,14 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a run that cannot start is reported; the others go on
                     failed = True
                     print(f"FAILED: {exc}", flush=True)
-                    notes.append(f"{scenario.name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
+                    notes.append(f"{name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
                     continue
                 figures = summarize_run(output, PREFILL_TOKENS_PER_S)
-                runs.setdefault(scenario.name, {}).setdefault(policy, []).append(figures)
+                runs.setdefault(name, {}).setdefault(policy, []).append(figures)
                 if args.raw:
                     raw_dir = Path(args.raw)
                     raw_dir.mkdir(parents=True, exist_ok=True)
-                    with (raw_dir / f"{scenario.name}-{policy}-{seed}.jsonl").open("wb") as raw:
+                    with (raw_dir / f"{name}-{policy}-{seed}.jsonl").open("wb") as raw:
                         raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
                 print(
                     f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
@@ -886,8 +993,22 @@ def main(argv: list[str] | None = None) -> int:
         "peer": {"name": PEER, "policy": "cache_aware", "path": router} if router else None,
         "notes": notes,
         "quick": args.quick,
+        "front_door": args.front_door,
+        "load_average": os.getloadavg(),
     }
+    if shared_state_rtts:
+        summary = wan_summary(runs, shared_state_rtts)
+        meta["shared_state"] = {
+            "modes": shared_states,
+            "shared_state_rtt_ms": shared_state_rtts,  # scenario -> region -> RTT to Redis
+            "summary": summary,
+        }
     paths = write_outputs(out, meta, runs)
+    if shared_state_rtts:
+        md_path = out.with_suffix(".md")
+        md_path.write_text(
+            md_path.read_text() + "\n" + "\n".join(summary_markdown(summary, args.front_door)) + "\n"
+        )
     print(f"wrote {', '.join(str(p) for p in paths)} in {meta['duration_s']:.0f}s", flush=True)
     if failed:
         print(f"process logs kept in {workdir}", flush=True)

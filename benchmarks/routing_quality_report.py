@@ -189,6 +189,29 @@ def _gateway_figures(records: list[RequestRecord]) -> dict[str, Any]:
         "records_with_matched_tokens": sum(
             1 for r in records if r.cost is not None and r.cost.matched_tokens > 0
         ),
+        "gateway_ms_by_region": _gateway_ms_by_region(records),
+    }
+
+
+# A request that waited on a Redis round trip across the WAN spent at least half the shortest
+# inter-region link (88 ms) in the gateway; nothing else in it takes that long on this fleet.
+WAITED_ON_WAN_MS = 40.0
+
+
+def _gateway_ms_by_region(records: list[RequestRecord]) -> dict[str, dict[str, float | int | None]]:
+    """Time inside each region's gateway before a request left for its node (shared-state waits)."""
+    by_region: dict[str, list[float]] = {}
+    for record in records:
+        if record.node_id is not None:
+            by_region.setdefault(record.gateway_region, []).append(record.gateway_ms)
+    return {
+        region: {
+            "p50": percentile(values, 50),
+            "p99": percentile(values, 99),
+            "max": max(values),
+            "over_40ms": sum(1 for value in values if value >= WAITED_ON_WAN_MS),
+        }
+        for region, values in sorted(by_region.items(), key=lambda item: _region_key(item[0]))
     }
 
 
