@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import msgspec
 from aiohttp import web
@@ -90,6 +91,7 @@ class Variant:
     central: bool = False  # one adapter in one region instead of one per region
     tune: bool = False  # the package's online ES tuner on from the first (warm-up) request
     physical_rates: bool = False  # prefill_rate / queue_rate = the fleet's ms per token (gorgo-2d)
+    scrape_interval_s: float = SCRAPE_INTERVAL_S
 
 
 VARIANTS: dict[str, Variant] = {
@@ -98,6 +100,9 @@ VARIANTS: dict[str, Variant] = {
     "gorgo-lb+es": Variant(tune=True),
     "gorgo-lb-2d": Variant("gorgo-2d", physical_rates=True),
     "gorgo-lb/prefix-cache": Variant("prefix-cache"),  # AIBrix-derived, from gorgo.policy.lb_aibrix
+    # A sensitivity row: the nodes' load scraped as often as gorgo's gateways exchange theirs
+    # (routing.state.sharing's load_interval_s), so that only the policies differ, not the data.
+    "gorgo-lb@scrape-100ms": Variant(scrape_interval_s=0.1),
 }
 
 
@@ -314,6 +319,10 @@ def prompt_token_ids(body: Mapping[str, Any]) -> list[int]:
     return tokenize(render_chat(rendered))
 
 
+def _quantile(ordered: list[float], q: float) -> float | None:
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else None
+
+
 def _first_content_at(chunk: bytes) -> bool:
     """Whether an SSE chunk carries answer text (the first one is the request's first token)."""
     for line in chunk.split(b"\n"):
@@ -335,8 +344,12 @@ class Adapter:
     def __init__(self, config: AdapterConfig) -> None:
         self.config = config
         self.router = Router(config)
-        self.http: httpx.AsyncClient | None = None
-        self._scraper: asyncio.Task[None] | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        # Body read + tokenize + decide, per request: the adapter's own cost (a Python process).
+        self.decide_ms: deque[float] = deque(maxlen=MAX_REQUEST_SAMPLES)
+        # How late a 10 ms timer fires: a saturated event loop delays every request it carries.
+        self.loop_lag_ms: deque[float] = deque(maxlen=MAX_REQUEST_SAMPLES)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -349,26 +362,32 @@ class Adapter:
         return app
 
     async def _start(self, _app: web.Application) -> None:
-        # The reference proxy's client: no read timeout (a long prefill is not an error), pooled.
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=10.0, read=None, write=30.0, pool=10.0),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256),
+        # No read timeout (a long prefill is not an error), as the reference proxy's client.
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, connect=10.0)
         )
         await self.scrape_all()
-        self._scraper = asyncio.create_task(self._scrape_loop())
+        self._tasks = [asyncio.create_task(self._scrape_loop()), asyncio.create_task(self._lag_loop())]
 
     async def _stop(self, _app: web.Application) -> None:
-        if self._scraper is not None:
-            self._scraper.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._scraper
+                await task
         if self.http is not None:
-            await self.http.aclose()
+            await self.http.close()
 
     async def _scrape_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.scrape_interval_s)
             await self.scrape_all()
+
+    async def _lag_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(0.01)
+            self.loop_lag_ms.append((loop.time() - before - 0.01) * 1000.0)
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self._scrape(node) for node in self.config.nodes))
@@ -377,33 +396,49 @@ class Adapter:
         assert self.http is not None
         started = time.perf_counter()
         try:
-            response = await self.http.get(f"{node.url}/metrics", timeout=SCRAPE_TIMEOUT_S)
-        except httpx.HTTPError:
+            async with self.http.get(
+                f"{node.url}/metrics", timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+            ) as response:
+                text = await response.text() if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            text = None
+        if text is None:
             self.router.unreachable.add(node.url)
             return
-        if response.status_code != 200:
-            self.router.unreachable.add(node.url)
-            return
-        self.router.scraped(node.url, response.text, time.perf_counter() - started)
+        self.router.scraped(node.url, text, time.perf_counter() - started)
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def state(self, _request: web.Request) -> web.Response:
-        """The weights in use and the tuner's steps: what the benchmark records of a run."""
+        """The weights in use, the tuner's steps and the adapter's own figures, for the results."""
+        ttfts_ms = sorted(s["ttft_seconds"] * 1000.0 for s in self.router.samples)
+        decide_ms = sorted(self.decide_ms)
+        lag_ms = sorted(self.loop_lag_ms)
         return web.json_response(
-            {"hyperparameters": self.router.hyperparameters, "tune_events": self.router.tune_events}
+            {
+                "hyperparameters": self.router.hyperparameters,
+                "tune_events": self.router.tune_events,
+                "requests": len(decide_ms),
+                "decide_ms_p50": _quantile(decide_ms, 0.5),
+                "decide_ms_p99": _quantile(decide_ms, 0.99),
+                "upstream_ttft_ms_p50": _quantile(ttfts_ms, 0.5),
+                "upstream_ttft_ms_p99": _quantile(ttfts_ms, 0.99),
+                "loop_lag_ms_p50": _quantile(lag_ms, 0.5),
+                "loop_lag_ms_p99": _quantile(lag_ms, 0.99),
+            }
         )
 
     async def models(self, _request: web.Request) -> web.Response:
         assert self.http is not None
-        response = await self.http.get(f"{self.config.nodes[0].url}/v1/models")
-        return web.Response(
-            body=response.content, status=response.status_code, content_type="application/json"
-        )
+        async with self.http.get(f"{self.config.nodes[0].url}/v1/models") as response:
+            return web.Response(
+                body=await response.read(), status=response.status, content_type="application/json"
+            )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         assert self.http is not None
+        arrived = time.perf_counter()
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -415,41 +450,43 @@ class Adapter:
         node, uncached = self.router.choose(token_ids)
         self.router.dispatched(node.url, len(token_ids), uncached)
         started = time.perf_counter()
+        self.decide_ms.append((started - arrived) * 1000.0)
         ttft_s: float | None = None
+        status = 502
         response: web.StreamResponse | None = None
         try:
-            upstream_request = self.http.build_request(
-                "POST",
+            async with self.http.post(
                 f"{node.url}/v1/chat/completions",
-                content=raw,
+                data=raw,
                 headers={"content-type": "application/json", "accept-encoding": "identity"},
-            )
-            try:
-                upstream = await self.http.send(upstream_request, stream=True)
-            except httpx.HTTPError as exc:
-                self.router.unreachable.add(node.url)  # until its next scrape answers
-                return web.json_response({"error": {"message": f"upstream {node.name}: {exc}"}}, status=502)
-            try:
-                if 200 <= upstream.status_code < 300 and token_ids:
+            ) as upstream:
+                status = upstream.status
+                if 200 <= status < 300 and token_ids:
                     self.router.trie.insert(token_ids, endpoint=node.url)
                 headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP_HEADERS}
                 headers.setdefault(NODE_HEADER, node.name)
-                response = web.StreamResponse(status=upstream.status_code, headers=headers)
+                response = web.StreamResponse(status=status, headers=headers)
                 await response.prepare(request)
-                async for chunk in upstream.aiter_raw():
-                    if ttft_s is None and _first_content_at(chunk):
-                        ttft_s = time.perf_counter() - started
-                    await response.write(chunk)
-                await response.write_eof()
-            except httpx.HTTPError:
-                pass  # the node died mid-answer: the client sees a cut stream, as from the node
-            finally:
-                await upstream.aclose()
-            if upstream.status_code == 200 and ttft_s is not None:
-                self.router.record_sample(node.url, ttft_s, time.perf_counter() - started, len(token_ids))
-            return response
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        if ttft_s is None and _first_content_at(chunk):
+                            ttft_s = time.perf_counter() - started
+                        await response.write(chunk)
+                    await response.write_eof()
+                except aiohttp.ClientPayloadError:
+                    pass  # the node died mid-answer: the client sees a cut stream, as from the node
+                except ConnectionResetError:
+                    pass  # the client hung up (it may, once it has read [DONE]); leaving aborts upstream
+        except aiohttp.ClientConnectionError as exc:
+            if response is not None and response.prepared:
+                return response  # the node died mid-answer, after its first bytes
+            self.router.unreachable.add(node.url)  # until its next scrape answers
+            return web.json_response({"error": {"message": f"upstream {node.name}: {exc}"}}, status=502)
         finally:
             self.router.released(node.url, len(token_ids), uncached)
+        if status == 200 and ttft_s is not None:
+            self.router.record_sample(node.url, ttft_s, time.perf_counter() - started, len(token_ids))
+        return response
 
 
 async def serve(config: AdapterConfig) -> None:
@@ -458,21 +495,29 @@ async def serve(config: AdapterConfig) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = runner.addresses[-1][1]
-    url = f"http://127.0.0.1:{port}"
-    region_urls = {config.region: url}
+    url = f"http://127.0.0.1:{runner.addresses[-1][1]}"
+    print("READY " + json.dumps({"url": url}), flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def serve_delays(upstream_port: int, rtt_ms_by_region: dict[str, float]) -> None:
+    """The central proxy's far clients: one delay proxy per region, in a process of its own so
+    their byte shuffling does not share the adapter's event loop."""
     delays: list[TcpDelayProxy] = []
-    for region, rtt_ms in sorted(config.client_rtt_ms.items()):
-        delay = TcpDelayProxy("127.0.0.1", port, rtt_ms=rtt_ms)
+    region_urls: dict[str, str] = {}
+    for region, rtt_ms in sorted(rtt_ms_by_region.items()):
+        delay = TcpDelayProxy("127.0.0.1", upstream_port, rtt_ms=rtt_ms)
         region_urls[region] = f"http://127.0.0.1:{await delay.start()}"
         delays.append(delay)
-    print("READY " + json.dumps({"url": url, "region_urls": region_urls}), flush=True)
+    print("READY " + json.dumps({"region_urls": region_urls}), flush=True)
     try:
         await asyncio.Event().wait()
     finally:
         for delay in delays:
             await delay.close()
-        await runner.cleanup()
 
 
 # ---- the harness side ---------------------------------------------------------------------------
@@ -529,11 +574,54 @@ def adapter_configs(
                 kv_capacity_tokens=kv_capacity_tokens,
                 prefill_ms_per_token=1000.0 / prefill_tokens_per_s,
                 tune=variant.tune,
+                scrape_interval_s=variant.scrape_interval_s,
                 seed=seed,
                 client_rtt_ms=client_rtt,
             )
         )
     return configs
+
+
+@dataclass
+class Adapters:
+    """The adapter processes of one run, the URL each client region uses, and each adapter's own."""
+
+    procs: list[Any]
+    targets: dict[str, str]  # client region -> URL (central: behind that region's RTT)
+    homes: dict[str, str]  # adapter region -> its own URL
+
+    def state(self) -> dict[str, Any]:
+        """Per adapter: the weights it ended the run with and what its tuner did (for the results)."""
+        out: dict[str, Any] = {}
+        for region, url in self.homes.items():
+            try:
+                state = httpx.get(f"{url}/gorgo-lb/state", timeout=5.0).json()
+            except (httpx.HTTPError, ValueError) as exc:
+                out[region] = {"error": str(exc)[:200]}
+                continue
+            events = state["tune_events"]
+            weights = state["hyperparameters"]["defaults"]
+            out[region] = {
+                "weights": {k: round(v, 4) for k, v in weights.items() if k in WEIGHT_KEYS},
+                "tuner_steps": len(events),
+                "tuner_accepted": sum(1 for e in events if e.get("accepted")),
+                "tuner_converged": any(e.get("converged") for e in events),
+                **{key: state.get(key) for key in ADAPTER_FIGURES},
+            }
+        return out
+
+
+# Per adapter: requests, its own cost per request, and TTFT as it sees it (dispatch to first token).
+ADAPTER_FIGURES = (
+    "requests",
+    "decide_ms_p50",
+    "decide_ms_p99",
+    "upstream_ttft_ms_p50",
+    "upstream_ttft_ms_p99",
+    "loop_lag_ms_p50",
+    "loop_lag_ms_p99",
+)
+WEIGHT_KEYS = ("rtt_weight", "prefill_weight", "load_weight", "queue_weight", "prefill_rate", "queue_rate")
 
 
 def start_adapters(
@@ -542,38 +630,61 @@ def start_adapters(
     workdir: Path,
     spawn: Callable[..., Any],
     wait_ready: Callable[..., Any],
-) -> tuple[list[Any], dict[str, str]]:
-    """Start each adapter as its own process; returns them and the URL each client region uses."""
-    procs: list[Any] = []
-    targets: dict[str, str] = {}
+) -> Adapters:
+    """Start each adapter as its own process (``spawn`` and ``wait_ready`` are the harness's), and
+    for a central one, its far clients' delay proxies in another."""
+    adapters = Adapters([], {}, {})
     for config in configs:
         path = workdir / f"gorgo-lb-{config.region}.json"
         path.write_bytes(msgspec.json.encode(config))
-        procs.append(spawn(f"gorgo-lb-{config.region}", [sys.executable, __file__, str(path)], workdir))
-    for proc in procs:
+        adapters.procs.append(
+            spawn(f"gorgo-lb-{config.region}", [sys.executable, __file__, str(path)], workdir)
+        )
+    for config, proc in zip(configs, list(adapters.procs), strict=True):
+        url = _ready(proc, wait_ready)["url"]
+        adapters.homes[config.region] = adapters.targets[config.region] = url
+        if config.client_rtt_ms:
+            port = url.rsplit(":", 1)[1]
+            delays = [f"{region}={rtt_ms}" for region, rtt_ms in config.client_rtt_ms.items()]
+            delay_proc = spawn(
+                f"gorgo-lb-delays-{config.region}",
+                [sys.executable, __file__, "--delay", port, *delays],
+                workdir,
+            )
+            adapters.procs.append(delay_proc)
+            adapters.targets.update(_ready(delay_proc, wait_ready)["region_urls"])
+    missing = sorted(set(regions) - set(adapters.targets))
+    if missing:
+        raise RuntimeError(f"no gorgo-lb adapter serves the clients of {missing}")
+    return adapters
 
-        def ready(proc: Any = proc) -> dict[str, Any] | None:
-            line = next((ln for ln in proc.log().splitlines() if ln.startswith("READY ")), None)
-            return json.loads(line[len("READY ") :]) if line else None
 
-        described = wait_ready(proc, ready)
-        for region, url in described["region_urls"].items():
-            if region in regions:
-                targets.setdefault(region, url)
-    return procs, targets
+def _ready(proc: Any, wait_ready: Callable[..., Any]) -> dict[str, Any]:
+    def described() -> dict[str, Any] | None:
+        line = next((ln for ln in proc.log().splitlines() if ln.startswith("READY ")), None)
+        return json.loads(line[len("READY ") :]) if line else None
+
+    return wait_ready(proc, described)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("config", help="AdapterConfig as JSON (written by start_adapters)")
+    parser.add_argument("config", nargs="?", help="AdapterConfig as JSON (written by start_adapters)")
+    parser.add_argument(
+        "--delay", nargs="+", metavar="PORT REGION=RTT_MS", help="serve delay proxies to PORT instead"
+    )
     args = parser.parse_args()
-    config = msgspec.json.decode(Path(args.config).read_bytes(), type=AdapterConfig)
-    try:
-        import uvloop
+    import uvloop
 
-        uvloop.run(serve(config))
-    except KeyboardInterrupt:
-        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        if args.delay:
+            port, *pairs = args.delay
+            rtts = {region: float(ms) for region, _, ms in (pair.partition("=") for pair in pairs)}
+            uvloop.run(serve_delays(int(port), rtts))
+        elif args.config:
+            uvloop.run(serve(msgspec.json.decode(Path(args.config).read_bytes(), type=AdapterConfig)))
+        else:
+            parser.error("give a config file or --delay")
     return 0
 
 

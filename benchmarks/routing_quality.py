@@ -435,6 +435,7 @@ class RunOutput:
     arrival_window_s: float
     records: list[RequestRecord] = field(default_factory=list)
     oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
+    peer_state: dict[str, Any] | None = None  # gorgo-lb: each adapter's final weights and tuner
 
 
 COUNTERS = {
@@ -576,6 +577,7 @@ def run_once(
     client = redis.Redis.from_url(redis_url)
     prefix = f"gorgobench-rq-{uuid.uuid4().hex[:12]}"
     keys = RedisKeys(prefix=prefix)
+    adapters: gorgo_lb_peer.Adapters | None = None
     try:
         nodes = node_specs(topology, fleet)
         if spec.policy in PEERS:
@@ -594,8 +596,9 @@ def run_once(
                 kv_capacity_tokens=KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
                 seed=spec.seed,
             )
-            lb_procs, targets = gorgo_lb_peer.start_adapters(configs, regions, workdir, spawn, wait_ready)
-            procs += lb_procs
+            adapters = gorgo_lb_peer.start_adapters(configs, regions, workdir, spawn, wait_ready)
+            procs += adapters.procs
+            targets = adapters.targets
         else:
             algorithm, policy_params = GORGO_POLICIES[spec.policy]
             publish_policy(
@@ -630,7 +633,14 @@ def run_once(
             ]
         regions_of = {n["name"]: n["region"] for n in fleet.nodes}
         return RunOutput(
-            results, warmup, counters, regions_of, window_s, records, oracle_by_index(plan, oracle)
+            results,
+            warmup,
+            counters,
+            regions_of,
+            window_s,
+            records,
+            oracle_by_index(plan, oracle),
+            adapters.state() if adapters else None,
         )
     finally:
         for proc in reversed(procs):

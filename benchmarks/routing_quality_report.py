@@ -22,8 +22,16 @@ REGIONAL = (PEER_LOCAL, "prefix_affinity@local")
 GORGO_VARIANTS = ("gorgo", "gorgo@greedy")
 # The GORGO paper's own router (PyPI gorgo-lb), run by benchmarks/gorgo_lb_peer.py (its VARIANTS):
 # one per region with the package's weights, one central proxy, the package's ES tuner on, the 2D
-# model with the fleet's prefill speed, and its AIBrix-derived prefix-cache baseline.
-GORGO_LB = ("gorgo-lb", "gorgo-lb@central", "gorgo-lb+es", "gorgo-lb-2d", "gorgo-lb/prefix-cache")
+# model with the fleet's prefill speed, its AIBrix-derived prefix-cache baseline, and the nodes'
+# load scraped every 100 ms instead of every 5 s.
+GORGO_LB = (
+    "gorgo-lb",
+    "gorgo-lb@central",
+    "gorgo-lb+es",
+    "gorgo-lb-2d",
+    "gorgo-lb/prefix-cache",
+    "gorgo-lb@scrape-100ms",
+)
 # The global baselines in the contract's order, the peer, the regional ones, gorgo-lb, gorgo last.
 POLICY_ORDER = (
     *(name for name in ALGORITHMS if name != "gorgo"),
@@ -47,6 +55,7 @@ COLORS = {
     "gorgo-lb+es": "#e377c2",
     "gorgo-lb-2d": "#7f7f7f",
     "gorgo-lb/prefix-cache": "#bcbd22",
+    "gorgo-lb@scrape-100ms": "#17becf",
     "gorgo@greedy": "#98df8a",
     "gorgo": "#2ca02c",
 }
@@ -60,6 +69,7 @@ class RunOutputLike(Protocol):
     arrival_window_s: float
     records: list[RequestRecord]
     oracle_ms: dict[int, float]
+    peer_state: dict[str, Any] | None
 
 
 @dataclass
@@ -106,6 +116,8 @@ class RunFigures:
     # the oracle bound of the measured successful requests (simulator, at arrival; no queue)
     oracle_p50_ms: float | None = None
     oracle_p99_ms: float | None = None
+    # gorgo-lb: per adapter region, the weights it ended with and its ES tuner's steps
+    gorgo_lb: dict[str, Any] | None = None
     ttfts_ms: list[float] = field(default_factory=list, repr=False)  # for the CDF; not in the JSON
 
     def to_json(self) -> dict[str, Any]:
@@ -171,6 +183,7 @@ def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigu
         gateway=_gateway_figures(output.records) if output.records else None,
         oracle_p50_ms=percentile(bounds, 50),
         oracle_p99_ms=percentile(bounds, 99),
+        gorgo_lb=output.peer_state,
         ttfts_ms=ttfts,
     )
 
@@ -495,6 +508,7 @@ def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], ch
                 cells.append(f"{_spread_ms(value)} ({'-' if cross is None else f'{cross.median:.0f}%'})")
             lines.append(f"| {policy} | " + " | ".join(cells) + " |")
         lines += _displacement_lines(policies, regions)
+        lines += _tuner_lines(policies)
         gorgo = policies.get("gorgo")
         if gorgo:
             lines += [
@@ -568,6 +582,31 @@ def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[
             cells.append(f"{_spread_ms(value)} ({'-' if abroad is None else f'{abroad.median:.0f}%'})")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _tuner_lines(policies: Mapping[str, list[RunFigures]]) -> list[str]:
+    """What gorgo-lb's own ES tuner did in each run: the weights each adapter ended with."""
+    rows = []
+    for policy in sorted(policies, key=_policy_key):
+        for seed_index, figures in enumerate(policies[policy], start=1):
+            for region, state in (figures.gorgo_lb or {}).items():
+                if state.get("tuner_steps"):
+                    weights = ", ".join(f"{k} {v:g}" for k, v in state["weights"].items())
+                    rows.append(
+                        f"| {policy} | {seed_index} | {region} | {weights} | {state['tuner_steps']} "
+                        f"({state['tuner_accepted']} accepted{', converged' if state['tuner_converged'] else ''}) |"
+                    )
+    if not rows:
+        return []
+    return [
+        "",
+        "gorgo-lb's ES tuner (package defaults: p95 TTFT objective, ranges of rtt_weight and prefill_weight;"
+        " a step every 10 of an adapter's requests over the last 20): the weights each adapter ended the run with:",
+        "",
+        "| policy | run | adapter | weights at the end | tuner steps |",
+        "|---|---:|---|---|---|",
+        *rows,
+    ]
 
 
 def plot_cdfs(path: Path, runs: Runs) -> bool:

@@ -111,13 +111,20 @@ def test_it_routes_by_rtt_then_away_from_a_queue_its_scrape_shows(
 def test_it_charges_a_central_proxys_far_clients_their_way_there(
     stubs: dict[str, StubNode], processes: ProcessGroup, tmp_path: Path
 ) -> None:
-    """The central deployment answers other regions' clients on a port behind their RTT."""
-    described = _start(processes, tmp_path, _config(stubs, client_rtt_ms={"ap-south": 40.0}))
-    region_urls = described["region_urls"]
-    assert isinstance(region_urls, dict) and set(region_urls) == {"us-east", "ap-south"}
-    assert region_urls["us-east"] == described["url"] != region_urls["ap-south"]
-    response = _chat(region_urls["ap-south"], "hello from far away")
+    """The central deployment answers other regions' clients through a delay proxy of their RTT."""
+    config = _config(stubs, client_rtt_ms={"ap-south": 40.0})
+    adapters = peer.start_adapters(
+        [config],
+        ["us-east", "ap-south"],
+        tmp_path,
+        lambda name, argv, _workdir: processes.start(name, argv),
+        lambda proc, ready: wait_until(ready, 30.0, what=f"{proc.name} ready", process=proc.popen),
+    )
+    assert set(adapters.targets) == {"us-east", "ap-south"}
+    assert adapters.targets["us-east"] == adapters.homes["us-east"] != adapters.targets["ap-south"]
+    response = _chat(adapters.targets["ap-south"], "hello from far away")
     assert response.status_code == 200 and response.headers["x-gorgo-sim-node"] == "near"
+    assert adapters.state()["us-east"]["requests"] == 1
 
 
 def test_the_central_proxy_runs_where_most_clients_are_else_at_the_fleets_centre() -> None:
@@ -161,3 +168,14 @@ def test_the_central_proxy_runs_where_most_clients_are_else_at_the_fleets_centre
     )
     assert [c.region for c in per_region] == [r.slug for r in four.regions]
     assert all(c.client_rtt_ms == {} and not c.tune for c in per_region)
+
+
+def test_the_report_orders_and_targets_every_variant() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "routing_quality_report", ROOT / "benchmarks" / "routing_quality_report.py"
+    )
+    assert spec is not None and spec.loader is not None
+    report = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("routing_quality_report", report)  # its dataclasses look themselves up
+    spec.loader.exec_module(report)
+    assert tuple(peer.VARIANTS) == report.GORGO_LB
