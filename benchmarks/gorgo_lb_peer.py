@@ -205,8 +205,9 @@ class Router:
             if error:
                 raise ValueError(f"gorgo-lb tuner: {error}")
             assert self.tuner.online_tuner is not None
-            # The package seeds its ES from the system's entropy; a seeded one repeats per run.
-            self.tuner.online_tuner._rng = random.Random(config.seed)
+            # The package seeds its ES from the system's entropy; seeded by run and region, a run
+            # repeats and the regions' adapters still draw mutations of their own.
+            self.tuner.online_tuner._rng = random.Random(f"{config.seed}:{config.region}")
             self.tuner.on_event = self.tune_events.append
 
     def snapshots(self) -> dict[str, Any]:

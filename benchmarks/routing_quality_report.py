@@ -584,6 +584,9 @@ def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[
     return lines
 
 
+TUNED_WEIGHTS = ("rtt_weight", "prefill_weight")  # gorgo.tuner.HYPERPARAM_RANGES
+
+
 def _tuner_lines(policies: Mapping[str, list[RunFigures]]) -> list[str]:
     """What gorgo-lb's own ES tuner did in each run: the weights each adapter ended with."""
     rows = []
@@ -591,7 +594,7 @@ def _tuner_lines(policies: Mapping[str, list[RunFigures]]) -> list[str]:
         for seed_index, figures in enumerate(policies[policy], start=1):
             for region, state in (figures.gorgo_lb or {}).items():
                 if state.get("tuner_steps"):
-                    weights = ", ".join(f"{k} {v:g}" for k, v in state["weights"].items())
+                    weights = ", ".join(f"{k} {state['weights'][k]:g}" for k in TUNED_WEIGHTS)
                     rows.append(
                         f"| {policy} | {seed_index} | {region} | {weights} | {state['tuner_steps']} "
                         f"({state['tuner_accepted']} accepted{', converged' if state['tuner_converged'] else ''}) |"
@@ -600,8 +603,9 @@ def _tuner_lines(policies: Mapping[str, list[RunFigures]]) -> list[str]:
         return []
     return [
         "",
-        "gorgo-lb's ES tuner (package defaults: p95 TTFT objective, ranges of rtt_weight and prefill_weight;"
-        " a step every 10 of an adapter's requests over the last 20): the weights each adapter ended the run with:",
+        "gorgo-lb's ES tuner (package defaults: p95 TTFT objective, searching rtt_weight and prefill_weight from 1;"
+        " load_weight stays 1; a step every 10 of an adapter's requests over the last 20): the weights each"
+        " adapter ended the run with:",
         "",
         "| policy | run | adapter | weights at the end | tuner steps |",
         "|---|---:|---|---|---|",
@@ -671,6 +675,11 @@ NOTES = """
   healthy). `gorgo` runs with its defaults (which price the wait a forward adds for the receiving
   region's clients); `gorgo@greedy` leaves that out (`w_displacement` 0), on the overflow
   scenarios only.
+- **gorgo-lb.** The GORGO paper's own router (PyPI `gorgo-lb`) behind `benchmarks/gorgo_lb_peer.py`,
+  one per region (or one central proxy whose far clients pay their RTT to it), fed gorgo's inputs:
+  the RTT table, queued tokens (its own counter, or the nodes' `/metrics` every 5 s when that shows
+  more), the emulator's token ids for its radix trie, the prefill speed where the policy takes it.
+  benchmarks/README.md lists the variants.
 - **Traffic.** `simulator.traffic` plans, seeded (the seeds above), the same arrivals for every
   policy; clients send to their own region's gateway or router; streamed answers of at most 128
   tokens; TTFT from sending the request to the first content token. The first 10 % of arrivals warm
