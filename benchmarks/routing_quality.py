@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gorgo_lb_peer  # this directory is on sys.path
 import httpx
 import msgspec
 import redis
@@ -119,12 +120,17 @@ GORGO_POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gorgo@greedy": ("gorgo", {"w_displacement": 0.0}),
 }
 PEERS = (PEER, PEER_LOCAL)
+# The GORGO paper's own router (PyPI gorgo-lb) behind an adapter: benchmarks/gorgo_lb_peer.py.
+GORGO_LB = tuple(gorgo_lb_peer.VARIANTS)
 DEFAULT_POLICIES = (
     "least_load",
     "prefix_affinity",
     PEER,
     PEER_LOCAL,
     "prefix_affinity@local",
+    "gorgo-lb",
+    "gorgo-lb@central",
+    "gorgo-lb+es",
     "gorgo@greedy",
     "gorgo",
 )
@@ -471,6 +477,7 @@ class RunOutput:
     arrival_window_s: float
     records: list[RequestRecord] = field(default_factory=list)
     oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
+    peer_state: dict[str, Any] | None = None  # gorgo-lb: each adapter's final weights and tuner
 
 
 COUNTERS = {
@@ -617,6 +624,7 @@ def run_once(
     keys = RedisKeys(prefix=prefix)
     wan: WanRedis | None = None
     api_key: str | None = None
+    adapters: gorgo_lb_peer.Adapters | None = None
     try:
         nodes = node_specs(topology, fleet, PREFILL_TOKENS_PER_S * spec.told_prefill_scale)
         if spec.policy in PEERS:
@@ -625,6 +633,19 @@ def run_once(
                 workdir, router, fleet, regions, local=spec.policy == PEER_LOCAL
             )
             procs += peer_procs
+        elif spec.policy in GORGO_LB:
+            configs = gorgo_lb_peer.adapter_configs(
+                spec.policy,
+                fleet.nodes,
+                topology,
+                spec.scenario.client_shares,
+                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+                kv_capacity_tokens=KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
+                seed=spec.seed,
+            )
+            adapters = gorgo_lb_peer.start_adapters(configs, regions, workdir, spawn, wait_ready)
+            procs += adapters.procs
+            targets = adapters.targets
         else:
             algorithm, policy_params = GORGO_POLICIES[spec.policy]
             publish_policy(
@@ -657,9 +678,9 @@ def run_once(
                 targets[region] = (
                     home_targets[region] if healthy else home_targets[nearest_region(topology, region)]
                 )
-            elif spec.policy != PEER:  # the gateways read health from the live state
+            elif spec.policy in GORGO_POLICIES:  # the gateways read health from the live state
                 mark_health(client, keys, [n.id for n in nodes if n.region == region], healthy)
-            # the global vllm-router finds out by itself (its health checks and retries)
+            # the global vllm-router and gorgo-lb find out by themselves (health checks, scrapes)
 
         outages = OutageActions(
             fleet.control_url,
@@ -670,14 +691,21 @@ def run_once(
         results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages, api_key))
         window_s = plan.arrivals[-1].at_s - plan.arrivals[min(warmup, len(plan.arrivals) - 1)].at_s
         records: list[RequestRecord] = []
-        if spec.policy not in PEERS:
+        if spec.policy in GORGO_POLICIES:
             time.sleep(0.3)  # the gateways flush their request logs every 50 ms
             records = [
                 decode(fields[b"r"], RequestRecord) for _, fields in client.xrange(keys.request_stream)
             ]
         regions_of = {n["name"]: n["region"] for n in fleet.nodes}
         return RunOutput(
-            results, warmup, counters, regions_of, window_s, records, oracle_by_index(plan, oracle)
+            results,
+            warmup,
+            counters,
+            regions_of,
+            window_s,
+            records,
+            oracle_by_index(plan, oracle),
+            adapters.state() if adapters else None,
         )
     finally:
         for proc in reversed(procs):
@@ -750,7 +778,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, *PEERS))} (default: {', '.join(DEFAULT_POLICIES)})",
+        help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, *PEERS, *GORGO_LB))} (default: {', '.join(DEFAULT_POLICIES)})",
     )
     parser.add_argument(
         "--topology", default=None, help="topology file for every scenario (simulator format)"
@@ -876,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     else:
         policies = list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
-    unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS})
+    unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS, *GORGO_LB})
     if unknown:
         raise SystemExit(f"unknown policy(ies) {unknown}")
     shared_states = [state.strip() for state in args.shared_state.split(",") if state.strip()]
@@ -893,6 +921,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_peer
             else f"{PEER} skipped (--no-peer)"
         )
+    if not gorgo_lb_peer.installed() and any(p in GORGO_LB for p in policies):
+        policies = [p for p in policies if p not in GORGO_LB]
+        notes.append("gorgo-lb skipped: not installed (`pip install -e '.[peers]'`)")
     out = (
         Path(args.out)
         if args.out
@@ -991,6 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": dict(ENGINE_OVERRIDES),
         "rtt_source": "RTTTable published to live_rtt from the topology (RTT + mean jitter)",
         "peer": {"name": PEER, "policy": "cache_aware", "path": router} if router else None,
+        "gorgo_lb": gorgo_lb_peer.describe() if gorgo_lb_peer.installed() else None,
         "notes": notes,
         "quick": args.quick,
         "front_door": args.front_door,
