@@ -70,7 +70,7 @@ test: lint native
 	fi
 
 bench: install
-	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
+	$(PY) -m pip install -q -e '.[peers]' || echo "the peers (vllm-router, gorgo-lb) could not be installed: the benchmarks run without them"
 	bash scripts/ensure_wrk.sh
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \

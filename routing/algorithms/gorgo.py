@@ -131,10 +131,7 @@ def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams)
     if other.default_rtt_ms != params.default_rtt_ms:
         measured = view.rtt_ms
         default_rtt_ms = other.default_rtt_ms
-        other_rows = [
-            row if row[_NODE].id in measured else (*row[:_RTT], default_rtt_ms, *row[_RTT + 1 :])
-            for row in rows
-        ]
+        other_rows = [row if row[_NODE].id in measured else _with_rtt(row, default_rtt_ms) for row in rows]
     w_rtt, w_queue, w_displacement = other.w_rtt, other.w_queue, other.w_displacement
     reweighed = [
         w_rtt * row[_RTT] + w_queue * row[_QUEUE] + row[_PREFILL] + w_displacement * row[_DISPLACEMENT_FACTOR]
@@ -144,6 +141,11 @@ def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams)
         _decide(totals, rows, full, params.w_displacement, ALL_GUARDS, view, True),
         _decide(reweighed, other_rows, full, w_displacement, ALL_GUARDS, view, True),
     )
+
+
+def _with_rtt(row: _Row, rtt_ms: float) -> _Row:
+    requests, prefill_tokens, full, node, _, queue_ms, prefill_ms, matched, uncached, factor = row
+    return (requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, factor)
 
 
 def price(view: RoutingView, request: RoutingRequest, node: NodeSpec, params: GorgoParams) -> CostTerms:
