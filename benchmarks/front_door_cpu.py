@@ -32,7 +32,7 @@ from routing.frontdoor.concurrency import ConcurrencyLimiter  # noqa: E402
 from routing.frontdoor.front_door import FrontDoor  # noqa: E402
 from routing.frontdoor.keystore import KeyStore, secret_hash  # noqa: E402
 from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis  # noqa: E402
-from routing.http.asgi import scan_request_headers  # noqa: E402
+from routing.http.headers import scan_request_headers  # noqa: E402
 from routing.http.usage import Usage  # noqa: E402
 from routing.observability.exporter import GatewayMetrics  # noqa: E402
 

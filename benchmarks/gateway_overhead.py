@@ -31,7 +31,7 @@ with ``vllm-router`` from the same run.
 
 Issue 12's budget for the front door (+0.05 ms p50, 10 % throughput) is judged apart, after the
 table: ``gorgo``, an identical twin and ``gorgo+frontdoor`` take turns for ``--pair-rounds``
-rounds (see ``front_door_pairs``); medians and IQRs over the rounds, the twin as the noise floor.
+rounds (see ``pairs_in_turns``); medians and IQRs over the rounds, the twin as the noise floor.
 
 The mock backend and the minimal proxies live in benchmarks/overhead_servers.py.
 """
@@ -279,12 +279,13 @@ def _start(
     port: int | None = None,
     port_pattern: str | None = None,
     timeout_s: float = 30.0,
+    cwd: Path = ROOT,
 ) -> Target:
     """Start a process and learn its port from its output (or wait for a given port to answer)."""
-    log_path = workdir / f"{name.replace('+', '_')}.log"
+    log_path = workdir / f"{name.replace('+', '_').replace(' ', '_')}.log"
     process = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
@@ -593,6 +594,89 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
+def rounds_in_turns(
+    targets: tuple[Target, ...], rounds: int, seconds: float, c1_requests: int, stream_requests: int = 0
+) -> list[dict[str, dict[str, float]]]:
+    """Figures of targets that are up together and take turns, per round: ``seconds`` of wrk at
+    32 connections against each in turn (the order rotates every round; CPU per request from
+    /proc), then ``c1_requests`` sequential requests to each, taking turns request by request,
+    then (``stream_requests``) that many streams from one client to each in turn (TTFB p50)."""
+    per_round: list[dict[str, dict[str, float]]] = []
+    for index in range(rounds):
+        figures: dict[str, dict[str, float]] = {}
+        shift = index % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            pid = target.process.pid
+            cpu_before = group_cpu_s(pid)
+            rps, done, _ = throughput_c32(target.port, seconds, auth=target.auth)
+            cpu_s = group_cpu_s(pid) - cpu_before
+            figures[target.name] = {"rps_c32": rps, "cpu_us_per_request": cpu_s / done * 1e6}
+        turns = latency_c1_interleaved([(each.port, each.auth) for each in targets], c1_requests, 50)
+        for target, latencies in zip(targets, turns, strict=True):
+            figures[target.name]["p50_ms_c1"] = statistics.median(latencies)
+        if stream_requests:
+            for target in targets[shift:] + targets[:shift]:
+                ttfb = asyncio.run(stream_ttfb(target.port, 1, stream_requests, warmup=5, auth=target.auth))
+                figures[target.name]["stream_ttfb_p50_ms_c1"] = statistics.median(ttfb)
+        per_round.append(figures)
+        print(
+            f"    round {index + 1}/{rounds}: "
+            + ", ".join(
+                f"{name} {each['cpu_us_per_request']:.0f} µs/req, p50 {each['p50_ms_c1']:.3f} ms"
+                for name, each in figures.items()
+            ),
+            flush=True,
+        )
+    return per_round
+
+
+def router_turns(
+    router: Target, gateways: tuple[Target, ...], rounds: int, seconds: float, c1_requests: int
+) -> dict[str, Any]:
+    """Issue 25's targets judged on rounds taken in turns with the Rust router (all up together):
+    per round each gateway's requests per core as a ratio to the router's (the router's CPU per
+    request over the gateway's) and its p50 at one client minus the router's; medians and IQRs
+    over the rounds. CPU per request of each gateway against the first one's too (workers: x2
+    against x1)."""
+    per_round = rounds_in_turns((router, *gateways), rounds, seconds, c1_requests, stream_requests=60)
+    summary: dict[str, Any] = {}
+    first = gateways[0].name
+    for gateway in gateways:
+        series = {
+            "rps_per_core_vs_router": [
+                each[router.name]["cpu_us_per_request"] / each[gateway.name]["cpu_us_per_request"]
+                for each in per_round
+            ],
+            "p50_ms_c1_minus_router": [
+                each[gateway.name]["p50_ms_c1"] - each[router.name]["p50_ms_c1"] for each in per_round
+            ],
+            "stream_ttfb_ms_c1_minus_router": [
+                each[gateway.name]["stream_ttfb_p50_ms_c1"] - each[router.name]["stream_ttfb_p50_ms_c1"]
+                for each in per_round
+            ],
+            "cpu_per_request_vs_first": [
+                each[gateway.name]["cpu_us_per_request"] / each[first]["cpu_us_per_request"]
+                for each in per_round
+            ],
+        }
+        figures: dict[str, Any] = {}
+        for name, values in series.items():
+            q1, median, q3 = _quartiles(values) if len(values) > 1 else (values[0],) * 3
+            figures[name] = round(median, 4)
+            figures[f"{name}_iqr"] = [round(q1, 4), round(q3, 4)]
+        summary[gateway.name] = figures
+    summary["rounds"] = [
+        {name: {key: round(value, 4) for key, value in each.items()} for name, each in figures.items()}
+        for figures in per_round
+    ]
+    summary["method"] = (
+        f"{rounds} rounds, {', '.join(t.name for t in (router, *gateways))} up together; each round "
+        f"{seconds:g} s of wrk -c32 per target (the order rotates), then {c1_requests} sequential requests "
+        "to each, taking turns request by request; medians (IQR) over the rounds"
+    )
+    return summary
+
+
 def pairs_in_turns(
     plain: Target, twin: Target, front: Target, rounds: int, seconds: float, c1_requests: int
 ) -> dict[str, Any]:
@@ -607,20 +691,8 @@ def pairs_in_turns(
     the plain one; the figure is the median over the rounds. The twin is the noise floor: it runs
     the same code as the plain gateway, so its spread around 1.0 is what this machine can resolve.
     """
-    gateways = (plain, twin, front)
     per_round: list[dict[str, dict[str, float]]] = []
-    for index in range(rounds):
-        figures: dict[str, dict[str, float]] = {}
-        shift = index % len(gateways)
-        for target in gateways[shift:] + gateways[:shift]:
-            pid = target.process.pid
-            cpu_before = group_cpu_s(pid)
-            rps, done, _ = throughput_c32(target.port, seconds, auth=target.auth)
-            cpu_s = group_cpu_s(pid) - cpu_before
-            figures[target.name] = {"rps_c32": rps, "cpu_us_per_request": cpu_s / done * 1e6}
-        turns = latency_c1_interleaved([(each.port, each.auth) for each in gateways], c1_requests, 50)
-        for target, latencies in zip(gateways, turns, strict=True):
-            figures[target.name]["p50_ms_c1"] = statistics.median(latencies)
+    for figures in rounds_in_turns((plain, twin, front), rounds, seconds, c1_requests):
         base = figures[plain.name]
         per_round.append(
             {
@@ -754,6 +826,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     extras: dict[str, Any] = {}
     uvicorn_port = r"Uvicorn running on http://127\.0\.0\.1:(\d+)"
+    # A baseline checkout from before issue 25 still runs on uvicorn.
+    gorgo_port = r"(?:listening on|Uvicorn running on) http://127\.0\.0\.1:(\d+)"
     mocks = [
         _start(f"mock-{i}", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
         for i in range(UPSTREAMS)
@@ -769,6 +843,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tracing: bool = False,
         workers: int = 1,
         shadow: tuple[str, dict[str, Any]] | None = None,
+        checkout: Path | None = None,
     ) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
@@ -794,14 +869,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
         suffix = ("-frontdoor" if front_door else "") + ("-tracing" if tracing else "")
-        port = free_port() if workers > 1 else 0  # uvicorn's workers need a fixed port
+        interpreter = python if checkout is None else str(checkout / ".venv" / "bin" / "python")
         target = _start(
-            f"gorgo-{algorithm}{suffix}-x{workers}",
-            [python, "-m", "routing", "--port", str(port), "--region", "bench", "--workers", str(workers)],
+            f"gorgo-{algorithm}{suffix}-x{workers}" + ("-baseline" if checkout else ""),
+            [interpreter, "-m", "routing", "--port", "0", "--region", "bench", "--workers", str(workers)],
             workdir,
             env,
-            port=port or None,
-            port_pattern=None if port else uvicorn_port,
+            port_pattern=gorgo_port,
+            cwd=checkout or ROOT,
+        )
+        wait_until(  # every worker listening, not just the first
+            lambda: len(re.findall(gorgo_port, target.log_path.read_text(errors="replace"))) >= workers,
+            30.0,
+            what=f"{workers} workers listening",
         )
         target.note = f"policy {algorithm}, {len(upstreams)} nodes, {workers} worker(s), request log on"
         if front_door:
@@ -820,6 +900,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("gorgo+frontdoor x2", lambda: gorgo(args.algorithm, front_door=True, workers=2)),
         ("gorgo+tracing", lambda: gorgo(args.algorithm, tracing=True)),
     ]
+    if args.baseline:
+        plan.insert(
+            2,
+            (
+                "gorgo+frontdoor baseline",
+                lambda: gorgo(args.algorithm, front_door=True, checkout=args.baseline),
+            ),
+        )
     router = _vllm_router()
     if not args.skip_peers:
         if router is None:
@@ -874,6 +962,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[name] = {"error": str(exc)[:500]}
             finally:
                 if target is not mock:
+                    target.stop()
+        if args.router_rounds and router is not None and not args.skip_peers:
+            print(f"  issue 25: {args.router_rounds} rounds taking turns with the Rust router", flush=True)
+            together: list[Target] = []
+            try:
+                port = free_port()
+                argv = [router, "--worker-urls", *upstreams, "--policy", "round_robin", "--host", "127.0.0.1"]
+                together.append(
+                    _start(
+                        "vllm-router",
+                        [*argv, "--port", str(port), "--log-level", "warning"],
+                        workdir,
+                        port=port,
+                    )
+                )
+                gateways = [
+                    ("gorgo+frontdoor", lambda: gorgo(args.algorithm, front_door=True)),
+                    ("gorgo+frontdoor x2", lambda: gorgo(args.algorithm, front_door=True, workers=2)),
+                ]
+                if args.baseline:
+                    gateways.append(
+                        (
+                            "gorgo+frontdoor baseline",
+                            lambda: gorgo(args.algorithm, front_door=True, checkout=args.baseline),
+                        )
+                    )
+                for name, starter in gateways:
+                    together.append(starter())
+                    together[-1].name = name
+                together[0].name = "vllm-router"
+                for target in together:  # warm them up alike
+                    latency_c1(target.port, 500, warmup=0, auth=target.auth)
+                extras["router_turns"] = router_turns(
+                    together[0],
+                    tuple(together[1:]),
+                    args.router_rounds,
+                    args.pair_seconds,
+                    min(500, args.c1_requests),
+                )
+            except Exception as exc:
+                print(f"  router turns: failed: {exc}", flush=True)
+                extras["router_turns"] = {"error": str(exc)[:500]}
+            finally:
+                for target in together:
                     target.stop()
         wanted = {"gorgo", "gorgo+frontdoor"}
         if args.pair_rounds and not args.shadow and (not args.only or wanted <= set(args.only)):
@@ -1006,6 +1138,48 @@ def _markdown(report: dict[str, Any]) -> str:
             )
     else:
         lines.append("Not checked: a target is missing from this run.")
+    turns = report.get("router_turns")
+    if turns and "error" not in turns:
+        names = [name for name in turns if name not in ("rounds", "method")]
+
+        def cell(name: str, figure: str) -> str:
+            low, high = turns[name][f"{figure}_iqr"]
+            return f"{turns[name][figure]:g} ({low:g} to {high:g})"
+
+        lines += [
+            "",
+            f"Issue 25 targets, on rounds taken in turns with the Rust router ({turns['method']}):",
+            "",
+            "| figure | " + " | ".join(names) + " | target | met (`gorgo+frontdoor`) |",
+            "|---|" + "---:|" * len(names) + "---|---|",
+        ]
+        ours = turns.get("gorgo+frontdoor", {})
+        rows = (
+            ("rps_per_core_vs_router", "req/s per core, x the router's", "≥ 1.0", lambda v: v >= 1.0),
+            ("p50_ms_c1_minus_router", "p50 c1 minus the router's (ms)", "≤ 0", lambda v: v <= 0),
+            (
+                "stream_ttfb_ms_c1_minus_router",
+                "stream TTFB c1 minus the router's (ms)",
+                "≤ 0",
+                lambda v: v <= 0,
+            ),
+            ("cpu_per_request_vs_first", "CPU per request, x `gorgo+frontdoor`'s", "x2: ≤ 1.1", None),
+        )
+        for figure, label, bound, ok in rows:
+            met = "" if ok is None or figure not in ours else ("yes" if ok(ours[figure]) else "**no**")
+            lines.append(
+                f"| {label} | " + " | ".join(cell(n, figure) for n in names) + f" | {bound} | {met} |"
+            )
+        x2 = turns.get("gorgo+frontdoor x2")
+        if x2:
+            met = "yes" if x2["cpu_per_request_vs_first"] <= 1.1 else "**no**"
+            lines.append("")
+            lines.append(
+                f"Workers: CPU per request of `--workers 2` against 1, in turns: x{x2['cpu_per_request_vs_first']:g} "
+                f"(target ≤ 1.1: {met})."
+            )
+    elif turns:
+        lines += ["", f"Rounds with the Rust router failed: {turns['error']}"]
     scaling = report.get("workers")
     if scaling:
         lines += [
@@ -1071,7 +1245,9 @@ def _markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"gorgo ran with {report['gorgo_setup']}; the request streams received {report['request_log_records']:,} records.",
-        "The machine is shared: compare targets within one run, not across runs.",
+        "The machine is shared: compare targets within one run, not across runs. Load average "
+        f"(1/5/15 min) at the start {report['machine'].get('load_avg_1_5_15_at_start')}, at the end "
+        f"{report['machine'].get('load_avg_1_5_15_at_end')}.",
         "",
     ]
     return "\n".join(lines)
@@ -1098,6 +1274,17 @@ def main() -> int:
         default=20,
         help="rounds of the front-door comparison (gorgo, its twin and gorgo+frontdoor taking turns; 0: skip)",
     )
+    parser.add_argument(
+        "--router-rounds",
+        type=int,
+        default=10,
+        help="rounds of issue 25's comparison with the Rust router (taking turns; 0: skip)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (with its .venv) whose gateway runs as `gorgo+frontdoor baseline`, e.g. main",
+    )
     parser.add_argument("--pair-seconds", type=float, default=2.0, help="wrk duration per gateway per round")
     parser.add_argument("--only", nargs="*", help="measure only these targets (direct always runs)")
     parser.add_argument("--skip-peers", action="store_true", help="direct and gorgo only")
@@ -1113,6 +1300,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     print("gateway overhead benchmark (bounded: about 20 s per target)", flush=True)
+    load_at_start = os.getloadavg()
     outcome = run(args)
     if args.shadow:
         machine = _machine()
@@ -1171,7 +1359,11 @@ def main() -> int:
     checks = _targets_vs_router(targets, added)
     report = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": _machine(),
+        "machine": {
+            **_machine(),
+            "load_avg_1_5_15_at_start": [round(v, 2) for v in load_at_start],
+            "load_avg_1_5_15_at_end": [round(v, 2) for v in os.getloadavg()],
+        },
         "method": {
             "c1": f"{args.c1_requests} sequential non-streaming chat completions on one keep-alive connection (after 200 warm-up)",
             "c32": f"{args.c32_seconds:g} s, 32 connections; CPU of the target's process group from /proc over that run",
@@ -1186,6 +1378,7 @@ def main() -> int:
         "targets_vs_router": checks,
         "front_door": front_door,
         "workers": workers,
+        "router_turns": outcome["extras"].get("router_turns"),
         "request_log_records": outcome["request_log_records"],
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,8 @@ RATE_HZ = 500
 # Innermost-frame rules, first match wins: (substring of the frame or of the stack, component).
 LEAF_RULES = [
     ("_Connection.send (routing/http/upstream.py", "kernel: send to the node (syscall)"),
-    ("CorkedTransport.flush (routing/http/client_side.py", "kernel: send to the client (syscall)"),
+    ("ClientRequest.respond (routing/http/client_side.py", "kernel: send to the client (syscall)"),
+    ("ClientRequest.write (routing/http/client_side.py", "kernel: send to the client (syscall)"),
     ("StreamWriter.writelines (asyncio/streams.py", "kernel: send to Redis (syscall)"),
     ("Runner.run (asyncio/runners.py", "event loop: uvloop (epoll, recv, callback dispatch)"),
 ]
@@ -45,8 +46,8 @@ STACK_RULES = [
     ("NodeProber._loop", "node probes (background)"),
 ]
 FILE_RULES = [
-    ("uvicorn/", "uvicorn: HTTP parse + ASGI cycle (Python)"),
-    ("routing/http/client_side.py", "client limits (routing/http/client_side.py)"),
+    ("routing/http/client_side.py", "client side: HTTP parse, limits, answers (routing/http/client_side.py)"),
+    ("routing/http/server.py", "client side: HTTP parse, limits, answers (routing/http/client_side.py)"),
     ("routing/http/upstream.py", "upstream client (routing/http/upstream.py)"),
     ("httptools", "upstream client (routing/http/upstream.py)"),
     ("routing/frontdoor/auth", "front door: keys, limits, grants"),
@@ -62,7 +63,7 @@ FILE_RULES = [
     ("routing/observability/exporter", "metrics"),
     ("routing/cache/prompt", "body parse (msgspec) + usage parse"),
     ("routing/http/usage", "body parse (msgspec) + usage parse"),
-    ("routing/http/asgi", "header scan, body read, disconnect watch (routing/http/asgi.py)"),
+    ("routing/http/headers", "header scan (routing/http/headers.py)"),
     ("routing/resilience/node_probe", "hung-node watch timer"),
     ("routing/proxy/", "request path glue (routing/proxy/)"),
     ("routing/resilience/retry", "request path glue (routing/proxy/)"),
@@ -135,7 +136,7 @@ def main() -> int:
         [sys.executable, "-m", "routing", "--port", "0", "--region", "bench"],
         workdir,
         {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info", "GORGO_AUTH": args.auth},
-        port_pattern=r"Uvicorn running on http://127\.0\.0\.1:(\d+)",
+        port_pattern=r"listening on http://127\.0\.0\.1:(\d+)",
     )
     auth = bench.BENCH_SECRET if args.auth == "on" else ""
     raw = args.raw or workdir / "stacks.txt"

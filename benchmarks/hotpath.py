@@ -78,7 +78,7 @@ def _decision_us(nodes_count: int, iterations: int) -> float:
 async def _front_door_us(iterations: int) -> float:
     from front_door_cpu import make_front_door
 
-    from routing.http.asgi import scan_request_headers
+    from routing.http.headers import scan_request_headers
 
     door, redis, keys, headers, usage = make_front_door()
     try:
@@ -186,7 +186,7 @@ def end_to_end(rounds: int, seconds: float, main_checkout: Path | None) -> dict[
                 [*python, "-P", "-m", "routing", "--port", "0", "--region", "bench"],
                 workdir,
                 {**base_env, **env, "PYTHONPATH": str(cwd)},
-                port_pattern=r"running on http://127\.0\.0\.1:(\d+)",
+                port_pattern=r"(?:running|listening) on http://127\.0\.0\.1:(\d+)",  # uvicorn or the own server
             )
         for gateway in gateways.values():
             bench.latency_c1(gateway.port, 500, 100, auth=bench.BENCH_SECRET)

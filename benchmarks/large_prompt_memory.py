@@ -125,7 +125,7 @@ def main() -> None:
         deadline = time.monotonic() + 30
         while port is None and time.monotonic() < deadline:
             line = gateway.stdout.readline().decode()
-            found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             port = int(found.group(1)) if found else None
         assert port is not None, "the gateway did not start"
         threading.Thread(target=lambda: [None for _ in gateway.stdout], daemon=True).start()  # type: ignore[union-attr]

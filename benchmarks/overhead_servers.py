@@ -185,18 +185,25 @@ def _proxy_app(client_kind: str, upstreams: list[str]) -> Any:
     return app
 
 
-def _serve_proxy(client_kind: str, upstreams: list[str]) -> None:
+def run_uvicorn(app: Any, **options: Any) -> None:
+    """Serve a raw ASGI app on uvicorn as the benchmarks measure it: a free port on 127.0.0.1,
+    uvloop + httptools, no access log (it prints ``Uvicorn running on http://127.0.0.1:<port>``)."""
     import uvicorn
 
     uvicorn.run(
-        _proxy_app(client_kind, upstreams),
+        app,
         host="127.0.0.1",
         port=0,
         loop="uvloop",
         http="httptools",
         log_level="info",
         access_log=False,
+        **options,
     )
+
+
+def _serve_proxy(client_kind: str, upstreams: list[str]) -> None:
+    run_uvicorn(_proxy_app(client_kind, upstreams))
 
 
 def main() -> int:

@@ -309,7 +309,7 @@ def start_gateways(
             "GORGO_GATEWAY_PORT": "0",
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
-            "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
+            "LOG_LEVEL": "info",  # the gateway logs the port it bound at info
             # Routing quality, not the front door (gateway_overhead.py measures its cost), unless
             # a run asks for it (--front-door: what shared limits add over the WAN).
             "GORGO_AUTH": "on" if front_door else "off",
@@ -317,7 +317,7 @@ def start_gateways(
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
     urls: dict[str, str] = {}
-    pattern = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+    pattern = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
     for region, proc in zip(regions, procs, strict=True):
         url = wait_ready(proc, lambda proc=proc: (m := pattern.search(proc.log())) and m.group(1))
         wait_ready(proc, lambda url=url: answers(f"{url}/healthz"))  # 200 once the policy is loaded

@@ -1,4 +1,4 @@
-"""``python -m routing``: run the gateway on uvicorn (uvloop + httptools).
+"""``python -m routing``: run the gateway (its own HTTP/1.1 server on uvloop + httptools).
 
 Flags override the environment variables of the same meaning (see docs/gateway.md); they are
 written back to the environment so every worker process builds the same ``GatewayConfig``.
@@ -11,9 +11,8 @@ import logging
 import os
 import sys
 
-import uvicorn
-
 from routing.config import LOG_LEVELS, ConfigError, GatewayConfig
+from routing.http.server import run
 from routing.redact import MaskingFilter
 
 _FLAGS = {
@@ -66,23 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(MaskingFilter())  # no URL credentials in any log line
     logging.getLogger("routing").info("starting %r", config)
-    uvicorn.run(
-        "routing.app:create_app",
-        factory=True,
-        host=config.host,
-        port=config.port,
-        workers=config.workers,
-        loop="uvloop",
-        # uvicorn's httptools protocol plus limits on heads, slow clients and connections.
-        http="routing.http.client_side:GuardedHttpToolsProtocol",
-        lifespan="on",
-        access_log=False,  # the request log and metrics cover it, at a fraction of the cost
-        server_header=False,  # the node's Server header passes through
-        log_level=config.log_level,
-        timeout_keep_alive=max(1, round(config.client_keepalive_s)),
-        proxy_headers=False,  # the gateway does not use the client address; skip the middleware
-    )
-    return 0
+    return run(config)
 
 
 if __name__ == "__main__":

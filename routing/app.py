@@ -1,13 +1,15 @@
-"""The gateway's ASGI application: a raw ASGI callable, no framework.
+"""The gateway application: ``Gateway.handle`` answers one request of the client side.
 
-A raw app on uvicorn (uvloop + httptools) was chosen by measurement, and the upstream client
-(``routing/http/upstream.py``) by profile (benchmarks/gateway_overhead.py, docs/gateway.md): a
-framework's routing, request and response objects cost more per request than this gateway's whole
-routing decision.
+No framework and no ASGI: the client side (``routing/http/client_side.py``, served by
+``routing/http/server.py``) calls ``handle`` with each parsed request, chosen by measurement like
+the upstream client (``routing/http/upstream.py``; benchmarks/gateway_overhead.py,
+docs/gateway.md): a framework's routing, request and response objects, and even uvicorn's ASGI
+cycle, cost more per request than this gateway's whole routing decision.
 
 Per-process resources (the upstream connection pools, the Redis client, the policy store, the request
-log, metrics) are created in the ASGI lifespan and live on ``Gateway.runtime``; nothing is a
-module-level singleton, so tests can run several gateways in one process.
+log, metrics) are opened by ``startup`` and closed by ``shutdown`` (the server's lifespan) and live
+on ``Gateway.runtime``; nothing is a module-level singleton, so tests can run several gateways in
+one process.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.front_door import FrontDoor
 from routing.frontdoor.keystore import KeyStore
 from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
-from routing.http.asgi import Receive, Scope, Send, scan_request_headers, send_response
-from routing.http.client_side import GuardedHttpToolsProtocol
+from routing.http.client_side import ClientRequest, ClientStats
+from routing.http.headers import scan_request_headers
 from routing.http.upstream import UpstreamClient
 from routing.observability.exporter import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.observability.request_log import RequestLog
@@ -122,7 +124,7 @@ class Runtime:
 
 
 class Gateway:
-    """The ASGI app. ``runtime`` exists between lifespan startup and shutdown."""
+    """The gateway application. ``runtime`` exists between ``startup`` and ``shutdown``."""
 
     def __init__(
         self,
@@ -146,31 +148,9 @@ class Gateway:
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
+        self.client_stats = ClientStats()  # the client side's connections and refusals, for /metrics
 
     # ---- lifespan ----------------------------------------------------------------------------
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:
-                    logger.exception("gateway start-up failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def startup(self) -> None:
         """Open the per-process clients and load the policy (the gateway starts even without Redis)."""
@@ -260,7 +240,7 @@ class Gateway:
                 chars_per_token=lambda: ratio.value,
                 keyset_version=(lambda: front_door.store.version) if front_door is not None else None,
                 breaker_states=breakers.states,
-                client_stats=_client_stats,
+                client_stats=lambda: _client_stats_of(self.client_stats),
                 timeouts=lambda: metrics.timeout_counts,
                 queue_lengths=admission.lengths,
             )
@@ -384,57 +364,59 @@ class Gateway:
 
     # ---- HTTP --------------------------------------------------------------------------------
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
+    async def handle(self, request: ClientRequest) -> None:
+        """Answer one request (the client side calls this for each; it never raises for a
+        client's mistake: every error is an OpenAI-shaped answer)."""
+        path = request.path
         runtime = self.runtime
         if runtime is None:
-            await _send_error(send, GatewayError(503, "The gateway is starting.", retry_after_s=1))
+            _send_error(request, GatewayError(503, "The gateway is starting.", retry_after_s=1))
             return
         endpoint = _ENDPOINTS.get(path)
-        method = scope["method"]
+        method = request.method
         if endpoint is not None:
             if method != "POST":
-                await _send_error(send, GatewayError(405, f"{path} accepts POST only."))
+                _send_error(request, GatewayError(405, f"{path} accepts POST only."))
                 return
-            await runtime.proxy.handle(scope, receive, send, endpoint)
+            await runtime.proxy.handle(request, endpoint)
             return
         not_routed = _not_routed(path)
         if not_routed is not None:
-            await _send_error(send, not_routed)
+            _send_error(request, not_routed)
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/health", "/metrics") or path.startswith("/v1/models/"):
-                await _send_error(send, GatewayError(405, f"{path} accepts GET only."))
+                _send_error(request, GatewayError(405, f"{path} accepts GET only."))
             else:
-                await _send_error(send, _no_route(method, path))
+                _send_error(request, _no_route(method, path))
             return
         table = runtime.store.table
         if (path == "/v1/models" or path.startswith("/v1/models/")) and runtime.front_door is not None:
             # Like vLLM with --api-key: the model list is for key holders only.
             try:
                 runtime.front_door.authenticate(
-                    scan_request_headers(scope["headers"], None, keep_credentials=False)
+                    scan_request_headers(request.headers, None, keep_credentials=False)
                 )
             except GatewayError as exc:
-                await _send_error(send, exc)
+                _send_error(request, exc)
                 return
         if path == "/v1/models":
             if table is None:
-                await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
+                _send_error(request, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
             else:
-                await send_response(send, 200, table.models_body, [JSON_CONTENT_TYPE])
+                request.respond(200, [JSON_CONTENT_TYPE], table.models_body)
         elif path.startswith("/v1/models/"):
             model = path.removeprefix("/v1/models/")
             body = table.model_bodies.get(model) if table is not None else None
             if table is None:
-                await _send_error(send, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
+                _send_error(request, GatewayError(503, "No routing policy loaded yet.", retry_after_s=1))
             elif body is None:
                 error = GatewayError(
                     404, f"The model `{model}` does not exist on this gateway.", param="model"
                 )
-                await _send_error(send, error)
+                _send_error(request, error)
             else:
-                await send_response(send, 200, body, [JSON_CONTENT_TYPE])
+                request.respond(200, [JSON_CONTENT_TYPE], body)
         elif path in ("/healthz", "/health"):  # /health: vLLM's name, which tools like guidellm probe
             body = msgspec.json.encode(
                 {
@@ -445,21 +427,19 @@ class Gateway:
                     "redis_connected": runtime.store.redis_connected,
                 }
             )
-            await send_response(send, 200 if table is not None else 503, body, [JSON_CONTENT_TYPE])
+            request.respond(200 if table is not None else 503, [JSON_CONTENT_TYPE], body)
         elif path == "/metrics":
-            await send_response(
-                send, 200, runtime.metrics.render(), [(b"content-type", CONTENT_TYPE.encode())]
-            )
+            request.respond(200, [(b"content-type", CONTENT_TYPE.encode())], runtime.metrics.render())
         else:
-            await _send_error(send, _no_route(method, path))
+            _send_error(request, _no_route(method, path))
 
 
 def _no_route(method: str, path: str) -> GatewayError:
     return GatewayError(404, f"No route for {method} {path}. This gateway routes {_SUPPORTED}.")
 
 
-async def _send_error(send: Send, error: GatewayError) -> None:
-    await send_response(send, error.status, error.body(), error.headers())
+def _send_error(request: ClientRequest, error: GatewayError) -> None:
+    request.respond(error.status, error.headers(), error.body())
 
 
 def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken) -> None:
@@ -469,9 +449,8 @@ def _resize_index(index: PrefixIndex, table: RoutingTable, ratio: CharsPerToken)
     index.sync_nodes(table.snapshot.nodes)
 
 
-def _client_stats() -> tuple[int, int, int, int, int, int]:
-    """This process's client-side counters (``routing.http.client_side``; zero when uvicorn's own protocol runs)."""
-    stats = GuardedHttpToolsProtocol.stats
+def _client_stats_of(stats: ClientStats) -> tuple[int, int, int, int, int, int]:
+    """A server's client-side counters (``routing.http.client_side``), in the collector's order."""
     return (
         len(stats.connections),
         stats.rejected_connections,
@@ -483,5 +462,5 @@ def _client_stats() -> tuple[int, int, int, int, int, int]:
 
 
 def create_app(config: GatewayConfig | None = None) -> Gateway:
-    """Build a gateway app; without a config, from the environment (uvicorn ``--factory`` entry)."""
+    """Build a gateway app; without a config, from the environment."""
     return Gateway(config if config is not None else GatewayConfig.from_env())

@@ -97,6 +97,7 @@ class GatewayConfig:
     client_send_timeout_s: float = field(
         default=30.0, metadata=_env("GORGO_CLIENT_SEND_TIMEOUT_S", minimum=0.1)
     )
+    shutdown_grace_s: float = field(default=30.0, metadata=_env("GORGO_SHUTDOWN_GRACE_S", minimum=0.0))
     max_connections: int = field(default=2048, metadata=_env("GORGO_MAX_CONNECTIONS", minimum=1))
     max_connections_per_address: int = field(
         default=256, metadata=_env("GORGO_MAX_CONNECTIONS_PER_ADDRESS", minimum=1)

@@ -1,7 +1,7 @@
 """Per-request timers that all have the same delay, at the cost of a deque append.
 
 A ``loop.call_later`` + ``cancel`` pair costs ~2.3 µs under uvloop, and the request path armed
-several per request (the disconnect watch, the hung-node watch) that nearly always end
+timers per request (the hung-node watch) that nearly always end
 cancelled. Timers of one fixed delay expire in the order they were armed, so ``FixedDelay``
 keeps them in a FIFO and holds one loop timer, for the oldest live one; cancelling just marks the
 entry (it leaves the queue when its time comes, so at most ``delay times rate`` entries are held).

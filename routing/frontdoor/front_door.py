@@ -18,7 +18,7 @@ from routing.frontdoor.auth import AuthError, authenticate, authorize, presented
 from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.keystore import KeyStore
 from routing.frontdoor.ratelimit import RateLimiter
-from routing.http.asgi import RequestHeaders
+from routing.http.headers import RequestHeaders
 from routing.http.usage import Usage
 from routing.observability.exporter import GatewayMetrics
 

@@ -1,10 +1,13 @@
-"""The client side of the gateway: uvicorn's httptools protocol with a bound on everything.
+"""The client side of the gateway: an HTTP/1.1 server on httptools that calls the handler directly.
 
-uvicorn bounds none of these for httptools: the request head's size and header count (a 64 MB
-header was buffered whole and forwarded), the time to send a request head or body (slow clients
-held connections forever), a new connection that never sends anything (the keep-alive timer only
-starts after a first response), and the number of open connections. ``GuardedHttpToolsProtocol``
-adds each, answering like an HTTP server should and closing the connection:
+One ``ClientConnection`` (an ``asyncio.Protocol``) per client connection parses with httptools and
+hands each request to the gateway as a ``ClientRequest``: the method, path and headers, the body
+to await, and the answer to give (``respond`` for a whole one, ``start``/``write``/``end`` for a
+stream). It replaced uvicorn's httptools protocol (issue 25): uvicorn's per-request ASGI cycle
+(a scope dict, an ``asyncio.Event``, receive/send coroutines and a message dict per body part)
+cost ~19 µs of the gateway's ~200 µs per request, and each limit below had been bolted onto it.
+
+Every limit is the server's own, answered like an HTTP server should, closing the connection:
 
 | limit | setting | answer |
 |---|---|---|
@@ -18,284 +21,383 @@ adds each, answering like an HTTP server should and closing the connection:
 | any other framing error (CL + TE, a bad chunk size, NUL in a header, an HTTP/2 preface) | | 400 |
 | a client that reads none of its answer (its socket buffers full) | ``GORGO_CLIENT_SEND_TIMEOUT_S`` | connection cut; the request is cancelled (499) |
 
-Every refusal is OpenAI-shaped JSON (``routing.errors``), like the app's own errors (uvicorn answered
-framing errors ``400 text/plain "Invalid HTTP request received."``). A response sent before its
-request's body was read whole (a 413, a 401 to a stranger) ends the connection: the rest of the
-body is read and dropped for at most ``_LINGER_S`` (closing with it unread would reset the
-connection and could destroy the answer in flight), then the connection closes. Before, it stayed
-open until the body timeout.
+Every refusal is OpenAI-shaped JSON (``routing.errors``). A response sent before its request's
+body was read whole (a 413, a 401 to a stranger) ends the connection: the rest of the body is read
+and dropped for at most ``_LINGER_S`` (closing with it unread would reset the connection and could
+destroy the answer in flight), then the connection closes.
 
-Connection pressure (issue 22, item 3): 2,048 idle keep-alive connections from one unauthenticated
-client used to fill ``GORGO_MAX_CONNECTIONS``, and every new client got 503. A connection is idle
-while it is kept alive after an answer and has received no byte of a next request (a new connection
-that never sent a request is not: the header timeout ends it, and the address cap bounds it); idle
-connections are kept in one insertion-ordered dict, oldest first, so at the cap the oldest is
-closed for the newcomer in O(1), and a connection with a request under way is never closed for
-another. The per-address cap bounds what one client holds at all.
+Connection pressure (issue 22, item 3): a connection is idle while it is kept alive after an
+answer and has received no byte of a next request; idle connections are kept in one
+insertion-ordered dict, oldest first, so at the cap the oldest is closed for the newcomer in O(1),
+and a connection with a request under way is never closed for another.
 
-Request smuggling: httptools (llhttp) itself refuses a request with both ``Content-Length`` and
+Request smuggling: httptools (llhttp) refuses a request with both ``Content-Length`` and
 ``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
-coding used to be ignored and the body read as chunked, so it is refused here (RFC 9112 6.1).
+coding is refused here (501, RFC 9112 6.1).
 
-Memory stays bounded: the head is refused once it passes the limit (at most one read buffer
-beyond it is ever held), bodies are paused by uvicorn's flow control and capped by
-``GORGO_MAX_BODY_BYTES`` in the app, and every timer is cancelled with its connection.
-
-The class is named by import string (``routing.http.client_side:GuardedHttpToolsProtocol``), so each worker
-process builds it itself; it reads its limits from the environment once per process, and keeps
-its counters (``ClientStats``) on the class, one set per process, which the gateway's metrics read.
+HTTP/1.1 as clients need it: keep-alive (``GORGO_CLIENT_KEEPALIVE_S``), pipelining (answered in
+order; reading pauses while a request waits its turn), ``Expect: 100-continue`` (the interim answer
+when the handler first asks for the body), chunked request bodies, HEAD, streaming answers with
+flow control (a write waits while the client's socket buffers are full), and a client that hangs
+up (or half-closes: TCP cannot tell the two apart) mid-request: the handler's ``on_disconnect``
+runs, which cancels its task. A whole answer leaves in one ``transport.write`` (head and body
+together); a stream's head is held to the end of its event-loop turn, so it leaves with the first
+chunk when that is already there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from routing.config import GatewayConfig
 from routing.errors import GatewayError
+from routing.http.headers import ClientGone, too_large
+
+logger = logging.getLogger("routing.http")
 
 # After an answer to a request whose body was not read whole: how long the rest may still arrive
 # (read and dropped) before the connection closes, and how much of it is read.
 _LINGER_S = 2.0
 _LINGER_MAX_BYTES = 1 << 20
+# Request body bytes held before the handler asked for them: past this, reading pauses.
+_BODY_HIGH_WATER_BYTES = 1 << 16
+
+STATUS_LINES = {
+    status: b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode())
+    for status in http.HTTPStatus
+    if status >= 100
+}
+_CONNECTION_CLOSE = b"connection: close\r\n"
+_CHUNKED = b"transfer-encoding: chunked\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+Handler = Callable[["ClientRequest"], Awaitable[None]]
 
 
 class ClientStats:
-    """Counters of refused and timed-out clients, for /metrics."""
+    """One server's connections and its counters of refused and timed-out clients, for /metrics."""
 
     __slots__ = (
         "body_timeouts",
         "by_address",
         "closing",
         "connections",
+        "drained",
         "evicted_idle",
         "header_timeouts",
         "idle",
         "rejected_connections",
+        "requests",
         "send_timeouts",
     )
 
     def __init__(self) -> None:
-        self.send_timeouts = 0
-        self.evicted_idle = 0  # idle connections closed to make room for a new one
+        self.connections: set[ClientConnection] = set()
+        self.requests: set[asyncio.Task[None]] = set()  # the handlers running, for a graceful stop
         # Idle connections, oldest first (a dict keeps insertion order; re-insertion moves to the end).
-        self.idle: dict[GuardedHttpToolsProtocol, None] = {}
+        self.idle: dict[ClientConnection, None] = {}
         self.by_address: dict[str, int] = {}  # client address -> connections open from it
         self.closing = 0  # closed to make room, not yet gone from ``connections``
+        self.evicted_idle = 0  # idle connections closed to make room for a new one
         self.rejected_connections = 0
         self.header_timeouts = 0
         self.body_timeouts = 0
-        self.connections: set[Any] = set()  # uvicorn's own set of open connections, once known
+        self.send_timeouts = 0
+        self.drained: asyncio.Event | None = None  # set when the last connection closed, while stopping
 
 
-class _HeadTooLarge(Exception):
+def raw_response(error: GatewayError) -> bytes:
+    """A whole error answer that ends the connection (the server's own refusals)."""
+    body = error.body()
+    head = [STATUS_LINES.get(error.status, b"HTTP/1.1 %d Error\r\n" % error.status)]
+    head += [name + b": " + value + b"\r\n" for name, value in error.headers()]
+    head.append(b"content-length: %d\r\n%s\r\n" % (len(body), _CONNECTION_CLOSE))
+    return b"".join(head) + body
+
+
+class _Refused(Exception):
     """Raised from a parser callback to stop parsing (httptools reports it as a parser error)."""
 
 
-def _raw_response(error: GatewayError) -> bytes:
-    body = error.body()
-    reason = {
-        400: b"Bad Request",
-        408: b"Request Timeout",
-        431: b"Request Header Fields Too Large",
-        501: b"Not Implemented",
-        503: b"Service Unavailable",
-    }
-    lines = [b"HTTP/1.1 %d %s" % (error.status, reason.get(error.status, b"Error"))]
-    lines += [name + b": " + value for name, value in error.headers()]
-    lines += [b"content-length: %d" % len(body), b"connection: close", b"", body]
-    return b"\r\n".join(lines)
+class ClientRequest:
+    """One request on a client connection, and its answer.
 
-
-class CorkedTransport:
-    """The client transport, with every write of one event-loop turn sent in one syscall.
-
-    uvicorn writes a response's head and its body separately; a non-streaming answer (head and
-    body sent in the same turn) so cost two ``send`` syscalls, each also running the loopback
-    receiver's TCP path. Buffered until the end of the turn, they go out together; a stream's
-    head still leaves at once (at the end of the turn that sent it, before any wait). Reads, flow
-    control and everything else go to the real transport.
+    The handler reads ``method``, ``path`` and ``headers`` (names lower-cased, values as sent),
+    awaits ``body``, and answers once: ``respond`` (head and body in one write) or ``start``, then
+    ``write`` per chunk and ``end`` (chunked unless a Content-Length was given). After the client
+    left, answers go nowhere; ``disconnected`` says so, and ``on_disconnect`` (set by the
+    handler) is called once when it happens while the answer is incomplete.
     """
 
-    __slots__ = ("_buffer", "_loop", "_on_linger", "linger", "transport")
+    __slots__ = (
+        "_body",
+        "_body_bytes",
+        "_body_waiter",
+        "_chunked",
+        "_connection",
+        "_expect_continue",
+        "_head",
+        "disconnected",
+        "headers",
+        "keep_alive",
+        "method",
+        "more_body",
+        "on_disconnect",
+        "path",
+        "response_complete",
+        "response_started",
+        "task",
+    )
 
     def __init__(
-        self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, on_linger: Any = None
+        self,
+        connection: ClientConnection,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+        expect_continue: bool,
     ) -> None:
-        self.transport = transport
-        self._loop = loop
-        self._buffer: list[bytes] = []
-        # Set when an answer went out before its request's body was read whole: ``close`` then
-        # half-closes and lets ``on_linger`` drain the rest before the real close.
-        self.linger = False
-        self._on_linger = on_linger
+        self._connection = connection
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self._expect_continue = expect_continue
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._body_waiter: asyncio.Future[None] | None = None
+        self._chunked = False
+        self._head: bytes | None = None  # a stream's head, until the end of the turn that started it
+        self.more_body = True  # body bytes are still to come
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self.on_disconnect: Callable[[], object] | None = None
+        self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
 
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._buffer:
-            self._loop.call_soon(self.flush)
-        self._buffer.append(data)
+    # ---- the request body --------------------------------------------------------------------
 
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
+    async def body(self, content_length: int | None, max_bytes: int) -> bytes:
+        """The whole request body; 413 as soon as it is known to exceed ``max_bytes``."""
+        if content_length is not None and content_length > max_bytes:
+            raise too_large(max_bytes)
+        connection = self._connection
+        if self._expect_continue:
+            self._expect_continue = False
+            if self.more_body and not self.disconnected:
+                connection.transport.write(_CONTINUE)
+        while self.more_body:
+            if self.disconnected:
+                raise ClientGone
+            if self._body_bytes > max_bytes:
+                raise too_large(max_bytes)
+            connection.resume_reading()
+            waiter = self._body_waiter = connection.loop.create_future()
+            await waiter
+        if self.disconnected:
+            raise ClientGone
+        parts = self._body
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._body = []
+        if len(data) > max_bytes:
+            raise too_large(max_bytes)
+        return data
 
-    def flush(self) -> None:
-        buffer = self._buffer
-        if buffer:
-            self._buffer = []
-            if not self.transport.is_closing():
-                self.transport.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
+    def _received(self, data: bytes) -> None:
+        self._body.append(data)
+        self._body_bytes += len(data)
+        if self._body_waiter is not None:
+            self._wake()
+        elif self._body_bytes > _BODY_HIGH_WATER_BYTES:
+            self._connection.pause_reading()  # the handler has not asked yet: hold off
 
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
+    def _wake(self) -> None:
+        waiter, self._body_waiter = self._body_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
-    def close(self) -> None:
-        self.flush()
-        if self.linger and self._on_linger is not None and not self.transport.is_closing():
-            self.linger = False
-            if self.transport.can_write_eof():
-                self.transport.write_eof()  # the client reads the answer, then end of file
-            self._on_linger()
-            return
-        self.transport.close()
+    # ---- the answer --------------------------------------------------------------------------
 
-    def abort(self) -> None:
-        self._buffer = []
-        self.transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-class _Cycle(RequestResponseCycle):
-    """uvicorn's request cycle, with the response head built without re-validating each header.
-
-    uvicorn checks every response header name and value against two regular expressions (4 µs for
-    the dozen headers of a gateway answer with rate-limit headers). A gateway answer's headers are
-    the node's, already parsed by httptools (which refuses control characters), and the gateway's
-    own. The rest (framing, keep-alive, flow control, bodies) is uvicorn's, unchanged, except:
-
-    - a send that waits on a client not reading (flow control paused writing) longer than
-      ``send_timeout_s`` cuts the connection: the app then hears a disconnect, and the proxy
-      cancels the node's request. uvicorn waited forever (issue 22, item 7);
-    - an answer that starts before the request body was read whole says ``connection: close``
-      (the protocol closes the connection after it; see ``GuardedHttpToolsProtocol``).
-    """
-
-    send_timeout_s = 30.0  # set per cycle from the protocol's config
-
-    async def send(self, message: Any) -> None:
-        if self.flow.write_paused and not self.disconnected:
-            try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await self.flow.drain()
-            except TimeoutError:
-                GuardedHttpToolsProtocol.stats.send_timeouts += 1
-                self.disconnected = True
-                self.message_event.set()  # receive() answers http.disconnect: the request ends
-                self.transport.abort()
-                return
-        if self.more_body and not self.response_started and message["type"] == "http.response.start":
-            self.keep_alive = False  # the rest of the body is not worth reading
-            self.transport.linger = True  # type: ignore[attr-defined]
-        if (
-            self.response_started
-            or message["type"] != "http.response.start"
-            or self.disconnected
-            or self.flow.write_paused
-        ):
-            await super().send(message)
-            return
+    def _head_bytes(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> list[bytes]:
         self.response_started = True
-        self.waiting_for_100_continue = False
-        status_code = message["status"]
-        content = [STATUS_LINE[status_code]]
-        has_connection_close = False
-        for raw_name, value in (*self.default_headers, *message.get("headers", ())):
+        self._expect_continue = False
+        if self.more_body:
+            # An answer before the body was read whole (a 413, a 401): the rest is not worth
+            # reading, so the connection ends after it (lingering to drop what still arrives).
+            self.keep_alive = False
+        head = [STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for raw_name, value in headers:
             name = raw_name.lower()
-            if name == b"content-length" and self.chunked_encoding is None:
-                self.expected_content_length = int(value.decode())
-                self.chunked_encoding = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self.expected_content_length = 0
-                self.chunked_encoding = True
-            elif name == b"connection" and b"close" in [t.lower().strip() for t in value.split(b",")]:
+            if name == b"content-length":
+                continue  # framing is the server's: the length of the body it sends, or chunked
+            if name == b"connection" and b"close" in value.lower():
                 self.keep_alive = False
-                has_connection_close = True
-            content.extend((name, b": ", value, b"\r\n"))
-        if not self.keep_alive and not has_connection_close:
-            content.append(b"connection: close\r\n")
-        if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status_code not in (204, 304):
-            self.chunked_encoding = True
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
-        self.transport.write(b"".join(content))
+            head += (name, b": ", value, b"\r\n")
+        if length is not None:
+            head.append(b"content-length: %d\r\n" % length)
+        if not self.keep_alive:
+            head.append(_CONNECTION_CLOSE)
+        return head
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole answer with a Content-Length, head and body in one write."""
+        if self.response_started:
+            raise RuntimeError("the answer was already started")
+        if self.disconnected:  # the client is gone (or the server refused it): nothing goes out
+            self.response_started = True
+            self._complete()
+            return
+        head = self._head_bytes(status, headers, len(body))
+        head.append(b"\r\n")
+        if self.method != "HEAD":
+            head.append(body)
+        if not self.disconnected:
+            self._connection.transport.write(b"".join(head))
+        self._complete()
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """The head of a streamed answer (chunked), sent at the end of this event-loop turn."""
+        if self.response_started:
+            raise RuntimeError("the answer was already started")
+        if self.disconnected:
+            self.response_started = True
+            return
+        head = self._head_bytes(status, headers, None)
+        self._chunked = self.method != "HEAD" and status not in (204, 304)
+        if self._chunked:
+            head.append(_CHUNKED)
+        head.append(b"\r\n")
+        self._head = b"".join(head)
+        self._connection.loop.call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self.disconnected:
+            self._connection.transport.write(head)
+
+    async def write(self, chunk: bytes) -> None:
+        """One chunk of a streamed answer; waits while the client is not reading (flow control)."""
+        if self.disconnected or not chunk or not self._chunked:
+            return
+        connection = self._connection
+        if connection.write_paused:
+            await connection.drain(self)
+            if self.disconnected:
+                return
+        data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        head, self._head = self._head, None
+        connection.transport.write(data if head is None else head + data)
+
+    def end(self) -> None:
+        """The end of a streamed answer."""
+        if not self.disconnected:
+            head, self._head = self._head, None
+            tail = _LAST_CHUNK if self._chunked else b""
+            data = tail if head is None else head + tail
+            if data:
+                self._connection.transport.write(data)
+        self._complete()
+
+    def _complete(self) -> None:
+        if self.response_complete:
+            return
+        self.response_complete = True
+        self._connection.response_complete(self)
+
+    def _lost(self) -> None:
+        """The connection is gone before the answer was complete."""
+        self.disconnected = True
+        self._wake()
+        callback, self.on_disconnect = self.on_disconnect, None
+        if callback is not None and not self.response_complete:
+            callback()
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus head limits, read timeouts and a connection cap."""
+class ClientConnection(asyncio.Protocol):
+    """One client connection: parse, bound, dispatch to the handler, keep alive."""
 
-    stats = ClientStats()
-    _config: GatewayConfig | None = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        config = GuardedHttpToolsProtocol._config
-        if config is None:
-            config = GuardedHttpToolsProtocol._config = GatewayConfig.from_env()
+    def __init__(
+        self,
+        handler: Handler,
+        config: GatewayConfig,
+        stats: ClientStats,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self._handler = handler
+        self._stats = stats
+        # The connection's clock and scheduler: the running loop (a test passes a manual one).
+        self.loop = loop if loop is not None else asyncio.get_running_loop()
         self._max_head_bytes = config.client_max_header_bytes
         self._max_headers = config.client_max_headers
         self._header_timeout_s = config.client_header_timeout_s
         self._body_timeout_s = config.client_body_timeout_s
-        self._max_connections = config.max_connections
+        self._keepalive_s = config.client_keepalive_s
         self._send_timeout_s = config.client_send_timeout_s
+        self._max_connections = config.max_connections
         self._max_connections_per_address = config.max_connections_per_address
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self._parser = httptools.HttpRequestParser(self)
         self._address = ""
-        self._evicted = False
-        self._lingering = -1  # bytes dropped since the answer, while lingering; -1: not lingering
-        self._head_bytes = 0
-        self._header_count = 0
-        self._in_head = True
         self._refused = False
-        self._head_too_large = False
-        self._bad_coding = False
+        self._evicted = False
+        self._closing = False  # the server is shutting down: no request after the one under way
+        self._lingering = -1  # bytes dropped since the answer, while lingering; -1: not lingering
+        self._read_paused = False
+        self.write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        # The request being parsed, the one being answered and those waiting their turn.
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_continue = False
+        self._parsing: ClientRequest | None = None
+        self._current: ClientRequest | None = None
+        self._pipeline: deque[ClientRequest] = deque()
+        self._head_bytes = 0
+        self._in_head = True
+        self._head_error: tuple[int, str] | None = None
         # One lazy timer per connection: arming sets a deadline, and the timer handle is only
-        # replaced when the new deadline is earlier than the one it will fire at (a request arms
-        # and disarms twice, head then body: two call_later + cancel pairs per request before).
+        # replaced when the new deadline is earlier than the one it will fire at.
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
-        self._on_deadline: Any = None
+        self._on_deadline: Callable[[], None] | None = None
 
     # ---- connections ------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        stats = GuardedHttpToolsProtocol.stats
-        stats.connections = self.connections
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  (uvloop's is no asyncio.Transport)
+        stats = self._stats
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         from_address = stats.by_address.get(address, 0)
         if from_address >= self._max_connections_per_address and not self._evict_idle(address):
-            self._refuse_connection(transport, "Too many open connections from your address.")
+            self._refuse_connection("Too many open connections from your address.")
             return
-        if len(self.connections) - stats.closing >= self._max_connections and not self._evict_idle(None):
-            self._refuse_connection(transport, "The gateway has too many open connections.")
+        if len(stats.connections) - stats.closing >= self._max_connections and not self._evict_idle(None):
+            self._refuse_connection("The gateway has too many open connections.")
             return
         self._address = address
-        stats.by_address[address] = stats.by_address.get(address, 0) + 1
-        super().connection_made(transport)
-        self.transport = CorkedTransport(transport, self.loop, self._linger)  # type: ignore[assignment]
+        stats.by_address[address] = from_address + 1
+        stats.connections.add(self)
         self._arm(self._header_timeout_s, self._head_timed_out)  # a silent new connection too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         if self._refused:
             return
-        stats = GuardedHttpToolsProtocol.stats
+        stats = self._stats
+        stats.connections.discard(self)
+        if stats.drained is not None and not stats.connections:
+            stats.drained.set()
         stats.idle.pop(self, None)
         if self._evicted:
             stats.closing -= 1
@@ -304,19 +406,30 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             stats.by_address[self._address] = left
         else:
             stats.by_address.pop(self._address, None)
-        super().connection_lost(exc)
+        self.write_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+        self._pipeline.clear()
+        request = self._current
+        if request is not None and not request.response_complete:
+            request._lost()
+        self._parser = None  # type: ignore[assignment]
 
-    def _refuse_connection(self, transport: asyncio.Transport, message: str) -> None:
+    def eof_received(self) -> bool | None:
+        # A FIN mid-request counts as the client gone (hyper's and nginx's default); an idle
+        # half-closed connection is closed. Returning None closes the transport.
+        return None
+
+    def _refuse_connection(self, message: str) -> None:
         self._refused = True
-        GuardedHttpToolsProtocol.stats.rejected_connections += 1
-        self.transport = transport
-        transport.write(_raw_response(GatewayError(503, message, retry_after_s=1)))
-        transport.close()
+        self._stats.rejected_connections += 1
+        self.transport.write(raw_response(GatewayError(503, message, retry_after_s=1)))
+        self.transport.close()
 
     def _evict_idle(self, address: str | None) -> bool:
         """Close the oldest idle connection (of ``address``, or of anyone) to make room for a new
         one; ``False`` when there is none."""
-        stats = GuardedHttpToolsProtocol.stats
+        stats = self._stats
         victim = None
         for candidate in stats.idle:
             if address is None or candidate._address == address:
@@ -332,6 +445,49 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         victim.transport.close()
         return True
 
+    def shutdown(self) -> None:
+        """The server is stopping: close now if idle, else after the answer under way."""
+        self._closing = True
+        if self._current is None and self._parsing is None:
+            self.transport.close()
+
+    # ---- flow control ------------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._read_paused and self._lingering < 0:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drain(self, request: ClientRequest) -> None:
+        """Wait until the client reads again; past the send timeout, cut the connection (the
+        handler hears a disconnect and cancels the node's request: issue 22, item 7)."""
+        waiter = self._drain_waiter
+        if waiter is None:
+            waiter = self._drain_waiter = self.loop.create_future()
+        try:
+            async with asyncio.timeout(self._send_timeout_s):
+                await asyncio.shield(waiter)
+        except TimeoutError:
+            self._stats.send_timeouts += 1
+            request.disconnected = True
+            self.transport.abort()  # connection_lost follows, which calls on_disconnect
+
+    # ---- bytes in ----------------------------------------------------------------------------
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
@@ -342,25 +498,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._in_head:
             if self._head_bytes == 0:
-                GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
+                self._stats.idle.pop(self, None)  # a request has begun
             self._head_bytes += len(data)
-        # uvicorn's data_received, except that a head over the limits gets 431, not 400.
-        self._unset_keepalive_if_required()
         try:
-            self.parser.feed_data(data)
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no protocol upgrades here: the request was served as HTTP/1.1
         except httptools.HttpParserError:
-            if self._head_too_large:
-                self._refuse(431, "The request head has too many or too large header fields.")
-            elif self._bad_coding:
-                self._refuse(501, "The only transfer coding this gateway accepts is chunked.")
+            if self._head_error is not None:
+                self._refuse(*self._head_error)
             else:
                 self._refuse(400, "Invalid HTTP request received.")
-            return
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
             return
         if self._in_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
             self._refuse(431, f"The request head is larger than {self._max_head_bytes} bytes.")
@@ -368,61 +516,125 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # ---- parser callbacks --------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        GuardedHttpToolsProtocol.stats.idle.pop(self, None)  # a request has begun
+        self._stats.idle.pop(self, None)
+        self._url = b""
+        self._headers = []
+        self._expect_continue = False
         if not self._in_head:  # the next request on a kept-alive connection
             self._in_head = True
             self._head_bytes = 0
-            self._header_count = 0
             self._arm(self._header_timeout_s, self._head_timed_out)
 
     def on_url(self, url: bytes) -> None:
-        if len(self.url) + len(url) > self._max_head_bytes:
-            self._head_too_large = True
-            raise _HeadTooLarge
-        super().on_url(url)
+        self._url += url
+        if len(self._url) > self._max_head_bytes:
+            self._head_error = (431, "The request head has too many or too large header fields.")
+            raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self._max_headers:
-            self._head_too_large = True
-            raise _HeadTooLarge
-        if name.lower() == b"transfer-encoding" and value.strip().lower() != b"chunked":
-            self._bad_coding = True
-            raise _HeadTooLarge  # stops the parser; answered with 501
-        super().on_header(name, value)
+        headers = self._headers
+        if len(headers) >= self._max_headers:
+            self._head_error = (431, "The request head has too many or too large header fields.")
+            raise _Refused
+        name = name.lower()
+        if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            self._head_error = (501, "The only transfer coding this gateway accepts is chunked.")
+            raise _Refused
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._disarm()
-        super().on_headers_complete()
-        if type(self.cycle) is RequestResponseCycle:  # before its task runs: see _Cycle
-            self.cycle.__class__ = _Cycle
-            self.cycle.send_timeout_s = self._send_timeout_s  # type: ignore[attr-defined]
-        if self.parser is not None and not self.transport.is_closing():
-            self._arm(self._body_timeout_s, self._body_timed_out)
+        parser = self._parser
+        url = self._url
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url:
+            path = url.decode("latin-1")  # the usual origin-form path: nothing to parse
+        else:
+            try:
+                path = unquote(httptools.parse_url(url).path.decode("latin-1"))
+            except httptools.HttpParserInvalidURLError:
+                path = url.decode("latin-1")  # answered 404 by the gateway
+        keep_alive = parser.should_keep_alive() and not self._closing
+        request = ClientRequest(
+            self,
+            parser.get_method().decode("latin-1"),
+            path,
+            self._headers,
+            keep_alive,
+            self._expect_continue,
+        )
+        self._parsing = request
+        self._arm(self._body_timeout_s, self._body_timed_out)
+        if self._current is None:
+            self._begin(request)
+        else:
+            self.pause_reading()  # a pipelined request waits its turn
+            self._pipeline.append(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._parsing
+        if request is not None and not request.response_complete:
+            request._received(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
-        super().on_message_complete()
+        request, self._parsing = self._parsing, None
+        if request is not None:
+            request.more_body = False
+            request._wake()
 
-    def on_response_complete(self) -> None:
-        # uvicorn's, with the keep-alive wait on the connection's one deadline instead of a new
-        # call_later per response (uvicorn cancels that in data_received, which finds none now).
-        self.server_state.total_requests += 1
-        if self.transport.is_closing() or self._lingering >= 0:
+    # ---- requests ----------------------------------------------------------------------------
+
+    def _begin(self, request: ClientRequest) -> None:
+        self._current = request
+        request.task = task = self.loop.create_task(self._run(request))
+        self._stats.requests.add(task)
+
+    async def _run(self, request: ClientRequest) -> None:
+        try:
+            await self._handler(request)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                logger.exception("the handler failed on %s %s", request.method, request.path)
+            if not request.response_started:
+                error = GatewayError(500, "Internal gateway error.")
+                request.keep_alive = False
+                request.respond(500, error.headers(), error.body())
+            else:
+                self.transport.close()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not request.response_complete and not request.disconnected:
+                logger.error("the handler returned without finishing its answer: %s", request.path)
+                self.transport.close()
+        finally:
+            self._stats.requests.discard(request.task)  # type: ignore[arg-type]
+
+    def response_complete(self, request: ClientRequest) -> None:
+        """The answer to ``request`` went out: linger, close, or serve the next one."""
+        self._current = None
+        transport = self.transport
+        if transport.is_closing():
             return
-        self.flow.resume_reading()
-        if self.pipeline:
-            cycle, app = self.pipeline.pop()
-            self._start_asgi_task(cycle, app)
-        elif not self._in_head:  # (a next head already begun keeps its own, shorter timeout)
-            self._arm(self.timeout_keep_alive, self.timeout_keep_alive_handler)
-            GuardedHttpToolsProtocol.stats.idle[self] = None  # idle from now: newest last
+        if request.more_body and not request.disconnected:
+            self._linger()
+            return
+        if not request.keep_alive or self._closing:
+            transport.close()
+            return
+        self.resume_reading()
+        if self._pipeline:
+            self._begin(self._pipeline.popleft())
+        elif self._parsing is None and not self._in_head:
+            # No byte of a next request yet (a begun head keeps its own, shorter timeout).
+            self._arm(self._keepalive_s, self._keepalive_ended)
+            self._stats.idle[self] = None  # idle from now: newest last
 
     # ---- limits ------------------------------------------------------------------------------
 
-    def _arm(self, seconds: float, callback: Any) -> None:
+    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
         self._deadline = deadline = self.loop.time() + seconds
         self._on_deadline = callback
         timer = self._timer
@@ -452,40 +664,41 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
 
+    def _keepalive_ended(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
     def _head_timed_out(self) -> None:
         if self.transport.is_closing():
             return
-        GuardedHttpToolsProtocol.stats.header_timeouts += 1
+        self._stats.header_timeouts += 1
         if self._head_bytes == 0:
             self.transport.close()  # a connection that never said anything gets no answer
             return
         self._refuse(408, f"The request head did not arrive within {self._header_timeout_s:g}s.")
 
     def _body_timed_out(self) -> None:
-        cycle = self.cycle
-        if self.transport.is_closing() or cycle is None or not cycle.more_body:
+        request = self._parsing
+        if self.transport.is_closing() or request is None or not request.more_body:
             return
-        GuardedHttpToolsProtocol.stats.body_timeouts += 1
-        if not cycle.response_started:
+        self._stats.body_timeouts += 1
+        if request is self._current and not request.response_started:
             error = GatewayError(408, f"The request body did not arrive within {self._body_timeout_s:g}s.")
-            self.transport.write(_raw_response(error))
-            cycle.response_complete = True
-        cycle.disconnected = True  # the app sees a disconnect; its later sends are dropped
-        self.transport.close()
-
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's framing-error answer, in OpenAI's shape (it sent ``text/plain``)."""
-        self._refuse(400, msg)
+            self.transport.write(raw_response(error))
+        request.disconnected = True  # its answers are dropped
+        self.transport.close()  # the handler hears a disconnect; its later answers are dropped
 
     def _refuse(self, status: int, message: str) -> None:
         self._disarm()
-        cycle = self.cycle
+        request = self._current
         # Only an answer already under way is cut short without a word; a kept-alive
         # connection's earlier, finished answer does not stop this one (a bad second request).
-        if cycle is not None and cycle.response_started and not cycle.response_complete:
+        if request is not None and request.response_started and not request.response_complete:
             self.transport.close()
             return
-        self.transport.write(_raw_response(GatewayError(status, message)))
+        if request is not None:
+            request.disconnected = True  # the handler's answer is dropped; it hears a disconnect
+        self.transport.write(raw_response(GatewayError(status, message)))
         self.transport.close()
 
     def _linger(self) -> None:
@@ -493,14 +706,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         still arrives for at most ``_LINGER_S``, then close. Not reading it would reset the
         connection, which can destroy the answer before the client read it."""
         self._lingering = 0
-        self.flow.resume_reading()
+        self._pipeline.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client reads the answer, then end of file
+        if self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
         self._arm(_LINGER_S, self._close_now)
 
     def _close_now(self) -> None:
         self._lingering = -1
         self._stop_timer()
-        transport = self.transport
-        if isinstance(transport, CorkedTransport):
-            transport.transport.close()
-        else:
-            transport.close()
+        self.transport.close()
+
+
+def connection_factory(handler: Handler, config: GatewayConfig, stats: ClientStats) -> Callable[[], Any]:
+    """What ``loop.create_server`` calls per accepted connection."""
+    return lambda: ClientConnection(handler, config, stats)

@@ -41,15 +41,8 @@ from routing.errors import GatewayError
 from routing.frontdoor.admission import Admission
 from routing.frontdoor.auth import AuthError
 from routing.frontdoor.front_door import FrontDoor
-from routing.http.asgi import (
-    ClientGone,
-    DisconnectWatch,
-    Receive,
-    Scope,
-    Send,
-    read_body,
-    scan_request_headers,
-)
+from routing.http.client_side import ClientRequest
+from routing.http.headers import ClientGone, scan_request_headers
 from routing.http.upstream import UpstreamClient, encode_headers
 from routing.observability.exporter import GatewayMetrics
 from routing.observability.request_log import RequestLog
@@ -93,6 +86,14 @@ def _check_context(table: RoutingTable, parsed: ParsedRequest, endpoint: Endpoin
         f"least {at_least} input tokens{counted}. Please reduce the length of the input.",
         param=_PROMPT_PARAMS.get(endpoint),
     )
+
+
+def _client_left(exchange: Exchange, task: asyncio.Task[None]) -> None:
+    """The client hung up: cancel its request (the node sees its connection close and stops),
+    unless the last byte was already on its way (OpenAI clients may hang up at ``[DONE]``)."""
+    if not exchange.finished:
+        exchange.client_gone = True
+        task.cancel()
 
 
 _PATHS: dict[str, str] = {
@@ -145,7 +146,7 @@ class Proxy:
             config, request_log, metrics, cache_index, self._chars_per_token, tracing
         )
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+    async def handle(self, client: ClientRequest, endpoint: Endpoint) -> None:
         exchange = Exchange(time.perf_counter(), time.time(), self._store.table)
         loop = self._loop
         if loop is None:
@@ -153,14 +154,13 @@ class Proxy:
         # With the loop given, no getpid() syscall (Python 3.11 checks the pid on every lookup
         # of the running loop: 2% of the gateway's CPU in the profile).
         task = asyncio.current_task(loop)
-        watch: DisconnectWatch | None = None
         try:
             try:
                 table = exchange.table
                 session_header = table.session_header if table is not None else None
                 front_door = self._front_door
                 scanned = scan_request_headers(
-                    scope["headers"], session_header, keep_credentials=front_door is None
+                    client.headers, session_header, keep_credentials=front_door is None
                 )
                 headers = scanned.forward
                 exchange.request_id = scanned.request_id or f"{self._id_prefix}{next(self._ids):x}"
@@ -168,11 +168,9 @@ class Proxy:
                 headers.append(self._region_header)
                 if front_door is not None:  # before the body: a stranger's body is not worth reading
                     exchange.key = front_door.authenticate(scanned)
-                body = await read_body(receive, scanned.content_length, self._max_body_bytes)
+                body = await client.body(scanned.content_length, self._max_body_bytes)
                 if self._tracing is not None:
-                    exchange.span = self._tracing.start(
-                        scope["headers"], headers, endpoint, body, exchange.ts
-                    )
+                    exchange.span = self._tracing.start(client.headers, headers, endpoint, body, exchange.ts)
                 if table is None:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
@@ -189,14 +187,16 @@ class Proxy:
                         exchange.key, parsed.model, exchange.prompt_tokens_est
                     )
                 session_key = scanned.session_key
-                # From here on the request waits on a node: watch for the client leaving.
+                # From here on the request waits on a node: a client that leaves cancels it.
                 assert task is not None
-                watch = DisconnectWatch(receive, exchange, task)
-                await self._forward(send, exchange, table, parsed, endpoint, headers, body, session_key)
+                client.on_disconnect = lambda: _client_left(exchange, task)
+                if client.disconnected:  # it left while the front door decided
+                    raise ClientGone
+                await self._forward(client, exchange, table, parsed, endpoint, headers, body, session_key)
             except GatewayError as exc:
                 if isinstance(exc, AuthError) and exc.key is not None and exchange.key is None:
                     exchange.refused_key = exc.key  # the record names the revoked/expired key
-                await self._relay.error(send, exchange, exc)
+                self._relay.error(client, exchange, exc)
         except asyncio.CancelledError:
             if not exchange.client_gone:
                 raise
@@ -211,16 +211,15 @@ class Proxy:
             logger.exception("request %s failed inside the gateway", exchange.request_id)
             exchange.error = "internal gateway error"
             if not exchange.response_started:
-                await self._relay.error(
-                    send,
+                self._relay.error(
+                    client,
                     exchange,
                     GatewayError(500, f"Internal gateway error (request id {exchange.request_id})."),
                 )
             else:
                 exchange.status = exchange.status or 500
         finally:
-            if watch is not None:
-                watch.stop()
+            client.on_disconnect = None
             if exchange.lease is not None:
                 exchange.lease.release()
             if exchange.key is not None and self._front_door is not None:
@@ -352,7 +351,7 @@ class Proxy:
 
     async def _forward(
         self,
-        send: Send,
+        client: ClientRequest,
         exchange: Exchange,
         table: RoutingTable,
         parsed: ParsedRequest,
@@ -420,6 +419,6 @@ class Proxy:
             asyncio.current_task(self._loop),
         )
         try:
-            await self._relay.answer(send, exchange, table, response)
+            await self._relay.answer(client, exchange, table, response)
         finally:
             response.close()  # a no-op once released; drops the connection if we stopped midway

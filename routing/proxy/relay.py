@@ -12,7 +12,8 @@ import asyncio
 import time
 
 from routing.errors import GatewayError
-from routing.http.asgi import Send, filter_response_headers, send_response
+from routing.http.client_side import ClientRequest
+from routing.http.headers import filter_response_headers
 from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
 from routing.http.usage import USAGE_TAIL_BYTES, parse_stream_usage, parse_usage
 from routing.observability.exporter import GatewayMetrics
@@ -41,7 +42,7 @@ class Relay:
         self._tracing = tracing
 
     async def answer(
-        self, send: Send, exchange: Exchange, table: RoutingTable, response: UpstreamResponse
+        self, client: ClientRequest, exchange: Exchange, table: RoutingTable, response: UpstreamResponse
     ) -> None:
         """Pass the node's answer to the client: streams chunk by chunk, bodies in one piece."""
         assert exchange.decision is not None and exchange.lease is not None and exchange.sent_s is not None
@@ -75,9 +76,8 @@ class Relay:
             exchange.lease.first_byte()
             exchange.finished = True
             exchange.response_started = True
-            await send({"type": "http.response.start", "status": status, "headers": out_headers})
             exchange.ttft_s = time.perf_counter() - exchange.arrival_s
-            await send({"type": "http.response.body", "body": data, "more_body": False})
+            client.respond(status, out_headers, data)  # head and body in one write
             exchange.bytes_out = len(data)
             if status == 200 and not response.content_encoded:
                 exchange.usage = parse_usage(data)
@@ -87,7 +87,7 @@ class Relay:
             return
 
         exchange.response_started = True
-        await send({"type": "http.response.start", "status": status, "headers": out_headers})
+        client.start(status, out_headers)
         tail = b""
         bytes_out = 0
         loop = asyncio.get_running_loop()
@@ -101,7 +101,7 @@ class Relay:
                 exchange.ttft_s = time.perf_counter() - exchange.arrival_s
             async with asyncio.timeout(None) as idle:
                 while chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await client.write(chunk)
                     bytes_out += len(chunk)
                     tail = (
                         chunk[-USAGE_TAIL_BYTES:]
@@ -127,18 +127,18 @@ class Relay:
             exchange.error = f"node {node.name} stream broke ({kind})"
             event = GatewayError(exchange.status, f"The node {node.name} stopped mid-stream ({kind}).")
             chunk = b"data: " + event.body() + b"\n\n"
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await client.write(chunk)
             bytes_out += len(chunk)
         exchange.bytes_out = bytes_out
         exchange.finished = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        client.end()
         if status == 200:
             exchange.usage = parse_stream_usage(tail)
         if exchange.span is not None:
             assert self._tracing is not None
             self._tracing.answer(exchange.span, tail, stream=True)
 
-    async def error(self, send: Send, exchange: Exchange, error: GatewayError) -> None:
+    def error(self, client: ClientRequest, exchange: Exchange, error: GatewayError) -> None:
         """Answer with the gateway's own error (nothing of it reached the client yet)."""
         exchange.status = error.status
         exchange.error = exchange.error or error.message
@@ -152,5 +152,5 @@ class Relay:
             headers.append((b"x-gorgo-policy-version", exchange.table.version_header))
         exchange.finished = True
         exchange.response_started = True
-        await send_response(send, error.status, body, headers)
+        client.respond(error.status, headers, body)
         exchange.bytes_out = len(body)

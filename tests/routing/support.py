@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
-import uvicorn
 
 from routing.app import Gateway
 from routing.config import GatewayConfig
@@ -32,10 +31,11 @@ from routing.contract import (
     encode,
 )
 from routing.frontdoor.keystore import secret_hash
+from routing.http.server import GatewayServer, listening_socket
 from routing.writer import write_async
 from simulator.snapshots import MODEL, REGIONS, make_node, make_snapshot  # noqa: F401  (the tests' one factory)
 from tests.support.vllm_stub import SeenRequest, StubNode, stub_nodes  # noqa: F401  (the tests' one stub node)
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for  # noqa: F401  (re-exported for the routing tests)
 
 
 async def publish(client: aioredis.Redis, keys: RedisKeys, snapshot: PolicySnapshot) -> None:
@@ -103,32 +103,16 @@ def gateway_config(
 
 @asynccontextmanager
 async def running_gateway(config: GatewayConfig, **app_kwargs: Any) -> AsyncIterator[RunningGateway]:
-    """Serve a ``Gateway`` with uvicorn (httptools, like production) on a free port, in this loop."""
+    """Serve a ``Gateway`` with its own server (as ``python -m routing`` does) on a free port, in this loop."""
     app = Gateway(config, **app_kwargs)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            http="httptools",
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    await wait_for(lambda: server.started or task.done(), timeout_s=10)
-    if task.done():
-        task.result()
-        raise RuntimeError("gateway did not start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    server = GatewayServer(app, config)
+    await server.start(listening_socket("127.0.0.1", 0, reuse_port=False))
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=30)
     try:
-        yield RunningGateway(app, port, http)
+        yield RunningGateway(app, server.port, http)
     finally:
         await http.aclose()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(server.stop(), 10)
 
 
 # ---- client keys -------------------------------------------------------------------------------

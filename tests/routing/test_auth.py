@@ -238,7 +238,7 @@ class TestKnownCredentials:
 
     @staticmethod
     def headers(secret: str):
-        from routing.http.asgi import scan_request_headers
+        from routing.http.headers import scan_request_headers
 
         return scan_request_headers(
             [(b"authorization", f"Bearer {secret}".encode())], None, keep_credentials=False

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import uvicorn
-from uvicorn.server import ServerState
-
 from routing.config import GatewayConfig
-from routing.http.client_side import GuardedHttpToolsProtocol
+from routing.http.client_side import ClientConnection, ClientStats
 from tests.routing.manual_loop import ManualLoop
 
 
@@ -44,16 +41,15 @@ class RecordingTransport:
         pass
 
 
-async def _app(scope: Any, receive: Any, send: Any) -> None:  # never reached: no head completes
-    raise AssertionError("no request should reach the app")
+async def _handler(request: Any) -> None:  # never reached: no head completes
+    raise AssertionError("no request should reach the handler")
 
 
-def connection(loop: ManualLoop) -> tuple[GuardedHttpToolsProtocol, RecordingTransport]:
-    GuardedHttpToolsProtocol._config = GatewayConfig(
+def connection(loop: ManualLoop) -> tuple[ClientConnection, RecordingTransport]:
+    config = GatewayConfig(
         region="us-east", gateway_id="gw", client_header_timeout_s=1.0, client_body_timeout_s=1.0
     )
-    config = uvicorn.Config(_app, http="httptools", lifespan="off", log_level="warning")
-    protocol = GuardedHttpToolsProtocol(config, ServerState(), {}, _loop=loop)  # type: ignore[arg-type]
+    protocol = ClientConnection(_handler, config, ClientStats(), loop)  # type: ignore[arg-type]
     transport = RecordingTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
     return protocol, transport
@@ -61,26 +57,20 @@ def connection(loop: ManualLoop) -> tuple[GuardedHttpToolsProtocol, RecordingTra
 
 def test_a_head_trickled_a_byte_every_half_second_gets_408_at_its_deadline() -> None:
     loop = ManualLoop()
-    try:
-        protocol, transport = connection(loop)
-        protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
-        for _ in range(3):  # a byte every half second: never done in time
-            loop.advance(0.5)
-            if not transport.closed:
-                protocol.data_received(b"x")
-        assert transport.written.startswith(b"HTTP/1.1 408")
-        assert transport.closed
-    finally:
-        GuardedHttpToolsProtocol._config = None
+    protocol, transport = connection(loop)
+    protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+    for _ in range(3):  # a byte every half second: never done in time
+        loop.advance(0.5)
+        if not transport.closed:
+            protocol.data_received(b"x")
+    assert transport.written.startswith(b"HTTP/1.1 408")
+    assert transport.closed
 
 
 def test_a_silent_connection_is_closed_without_a_word_at_the_head_deadline() -> None:
     loop = ManualLoop()
-    try:
-        _protocol, transport = connection(loop)
-        loop.advance(0.9)
-        assert not transport.closed  # not before its deadline
-        loop.advance(0.2)
-        assert transport.closed and transport.written == b""
-    finally:
-        GuardedHttpToolsProtocol._config = None
+    _protocol, transport = connection(loop)
+    loop.advance(0.9)
+    assert not transport.closed  # not before its deadline
+    loop.advance(0.2)
+    assert transport.closed and transport.written == b""

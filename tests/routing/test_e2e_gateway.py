@@ -76,9 +76,9 @@ def start_gateway(
             "GORGO_AUTH": "off",
             **(env or {}),
         },
-        ready_text="Uvicorn running on",
+        ready_text="listening on http:",
     )
-    port = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", process.log()).group(1)
+    port = re.search(r"listening on http://127\.0\.0\.1:(\d+)", process.log()).group(1)
     return f"http://127.0.0.1:{port}"
 
 

@@ -240,6 +240,21 @@ class TestConnections:
         assert "expect" not in {name.lower() for name, _ in seen["headers"]}
         sock.close()
 
+    def test_head_gets_get_s_head_without_its_body_and_the_connection_stays_usable(self, fleet):
+        address, _ = fleet
+        sock, reader = connect(address)
+        sock.settimeout(10)
+        sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")  # nothing after
+        assert int(re.search(rb"content-length: (\d+)", head.lower()).group(1)) > 0
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        (answer,) = reader.read()  # the next bytes are the next answer, not a stray body
+        assert answer.status == 200 and answer.json()["status"] == "ok"
+        sock.close()
+
     def test_a_half_closed_connection_counts_as_a_client_gone(self, fleet):
         """TCP cannot tell shutdown(SHUT_WR) from close(): a FIN mid-request cancels the upstream.
 

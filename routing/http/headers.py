@@ -1,4 +1,4 @@
-"""The HTTP plumbing the gateway needs, on raw ASGI: headers, bodies, disconnects, responses.
+"""Which headers cross the gateway, and the request-side errors of the client side.
 
 Header rules: hop-by-hop headers (RFC 9110 7.6.1, plus any the client names in ``Connection``)
 never cross the gateway, nor do the headers the gateway sets itself; everything else passes.
@@ -6,17 +6,9 @@ never cross the gateway, nor do the headers the gateway sets itself; everything 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-from routing.deadlines import Deadline, FixedDelay
 from routing.errors import GatewayError
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1) and ones the gateway sets itself.
 _HOP_BY_HOP = frozenset(
@@ -31,26 +23,11 @@ _RESPONSE_DROP = frozenset(
     | {"date", "x-request-id", "x-gorgo-node", "x-gorgo-policy-version", "server-timing"}
 )
 _MAX_REQUEST_ID_CHARS = 128  # a longer client X-Request-Id is replaced, not forwarded
-_WATCH_AFTER_S = 0.05
-
-
-class Watched(Protocol):
-    """What ``DisconnectWatch`` reads and writes on the request it watches."""
-
-    finished: bool  # the last byte is on its way: a disconnect now is not the client leaving
-    client_gone: bool
 
 
 def filter_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
     """A node's response headers minus hop-by-hop ones and those the gateway sets itself."""
     return [(name, value) for name, value in raw if name.lower() not in _RESPONSE_DROP]
-
-
-async def send_response(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    """A complete response with a Content-Length."""
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class ClientGone(Exception):
@@ -80,7 +57,7 @@ def scan_request_headers(
 
     With ``keep_credentials`` false (the gateway checks client keys itself) the client's key
     headers are not forwarded: nodes never see a client's secret. Names arrive lower-cased
-    (httptools via uvicorn) and values without CR or LF, so they are forwarded as bytes.
+    (``routing.http.client_side``) and values without CR or LF, so they are forwarded as bytes.
     """
     forward: list[tuple[bytes, bytes]] = [_JSON]
     found = RequestHeaders(forward)
@@ -122,71 +99,6 @@ def scan_request_headers(
     return found
 
 
-async def read_body(receive: Receive, content_length: int | None, max_bytes: int) -> bytes:
-    """The whole request body; 413 as soon as it is known to exceed ``max_bytes``."""
-    if content_length is not None and content_length > max_bytes:
-        raise too_large(max_bytes)
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientGone
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > max_bytes:
-            raise too_large(max_bytes)
-        return body
-    parts = [body]
-    size = len(body)
-    while message.get("more_body", False):
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(max_bytes)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def too_large(max_bytes: int) -> GatewayError:
     """The 413 for a body over ``max_bytes``."""
     return GatewayError(413, f"The request body is larger than this gateway accepts ({max_bytes} bytes).")
-
-
-class DisconnectWatch:
-    """Cancels a request's task if its client goes away before the response is complete.
-
-    Hearing a disconnect in ASGI takes a task blocked in ``receive()``. The task is only started
-    once the request has waited ``_WATCH_AFTER_S``: every real generation lasts longer than that
-    and gets watched, while fast answers (most of a benchmark) skip the cost of a task; a client
-    that left earlier is still noticed then, because ``receive()`` returns at once.
-    """
-
-    __slots__ = ("_exchange", "_receive", "_task", "_timer", "_watcher")
-
-    timers = FixedDelay(_WATCH_AFTER_S)  # one loop timer for every watch of the process
-
-    def __init__(self, receive: Receive, exchange: Watched, task: asyncio.Task[Any]) -> None:
-        self._receive = receive
-        self._exchange = exchange
-        self._task = task
-        self._watcher: asyncio.Task[None] | None = None
-        self._timer: Deadline | None = DisconnectWatch.timers.call(task.get_loop(), self._start)
-
-    def _start(self) -> None:
-        self._timer = None
-        if self._task.done():
-            return
-        self._watcher = self._task.get_loop().create_task(self._watch())
-
-    async def _watch(self) -> None:
-        message = await self._receive()
-        if message["type"] == "http.disconnect" and not self._exchange.finished:
-            self._exchange.client_gone = True
-            self._task.cancel()
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._watcher is not None and not self._watcher.done():
-            self._watcher.cancel()
