@@ -20,9 +20,13 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
 - ``matched_tokens``: what the prefix index believes n holds of this prompt.
 - ``displacement_ms`` (coordinated overflow; ``w_displacement = 0`` is greedy): 0 for the
   gateway's own region; for a node in another region, the wait this request adds for that
-  region's own requests arriving while it holds the node: their rate (Little's law: the requests
-  outstanding there over ``RESIDENCE_MS``) times its time there (queue + prefill) times what each
-  waits (half its prefill, or all of it when it joins a queue). An imported request is usually a
+  region's own requests arriving while it holds the node: their rate times its time there
+  (queue + prefill) times what each waits (half its prefill, or all of it when it joins a queue).
+  The rate is Little's law over the time a request actually stays on that node: the requests
+  outstanding there over (``RESIDENCE_MS`` of decoding + the node's queue + prefill). A fixed
+  residence made a queued node's requests look like a high arrival rate, so the price of a
+  forward grew with the square of the receiving queue and an overloaded region kept its
+  overflow at home (the diurnal workload's tail, docs/routing.md). An imported request is usually a
   cache miss there (another region's prompts), so its prefill is long and the receiving region's
   cheap cache hits queue behind it; docs/routing.md has the measurements.
 
@@ -70,8 +74,9 @@ HOT_LOAD_FACTOR = 2.0
 HOT_LOAD_SLACK_REQUESTS = 4
 TIE_BAND_REL = 0.05
 TIE_BAND_MS = 2.0
-# How long a request stays on a node (prefill, then decoding ~128 tokens at ~7 ms a step): turns
-# the requests outstanding there into their arrival rate (Little's law) for the displacement term.
+# How long a request decodes on a node (~128 tokens at ~7 ms a step); with the node's queue and its
+# prefill, how long it stays there: turns the requests outstanding there into their arrival rate
+# (Little's law) for the displacement term.
 RESIDENCE_MS = 1000.0
 
 _DEFAULT_PARAMS = GorgoParams()
@@ -199,9 +204,9 @@ def _rows(
         displacement_factor = 0.0
         if (w_displacement or keep_factor) and node.region != home and requests:
             # The region's own requests that arrive while this one holds the node (Little: the
-            # requests there now over how long one stays), each waiting for half its prefill or
-            # for all of it when it joins a queue.
-            arrivals_per_ms = requests / RESIDENCE_MS
+            # requests there now over how long one stays there, its queue included), each waiting
+            # for half its prefill or for all of it when it joins a queue.
+            arrivals_per_ms = requests / (RESIDENCE_MS + queue_ms + prefill_ms)
             displacement_factor = (
                 arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
             )

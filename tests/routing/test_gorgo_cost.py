@@ -122,8 +122,24 @@ def test_displacement_is_charged_only_abroad_and_greedy_leaves_it_out() -> None:
     priced = gorgo.choose(view((home, abroad), load=load, rtt_ms=rtt), request(2_000))
     assert priced.node.id == 1 and priced.cost is not None and priced.runner_up is not None
     assert priced.cost.displacement_ms == 0.0
-    # abroad: 5 requests there / 1,000 ms residence * (100 queue + 200 prefill) ms * min(200, 100 + 100)
-    assert priced.runner_up.displacement_ms == pytest.approx(5 / 1000 * 300 * 200, rel=0.01)
+    # abroad: 5 requests there / (1,000 ms decoding + 100 queue + 200 prefill) of residence
+    # * (100 + 200) ms there * min(200, 100 + 100)
+    assert priced.runner_up.displacement_ms == pytest.approx(5 / 1300 * 300 * 200, rel=0.01)
+
+
+def test_displacement_counts_arrivals_over_the_residence_the_queue_makes() -> None:
+    # Little's law: 10 requests queued ~1 s deep on the remote node arrived over their whole stay
+    # (1 s decoding + the queue + prefill), not over 1 s. With the fixed 1 s the price of a forward
+    # grew with the square of the receiving queue, and an overloaded home (here 2.8 s deep) kept
+    # its overflow: the diurnal workload's p99 (docs/routing.md).
+    home = node(1, prefill_tokens_per_s=10_000.0)
+    abroad = node(2, region="eu-central", prefill_tokens_per_s=10_000.0)
+    load = {1: NodeLoad(30, 28_000), 2: NodeLoad(10, 10_000)}
+    decision = gorgo.choose(view((home, abroad), load=load, rtt_ms={1: 1.0, 2: 100.0}), request(2_000))
+    assert decision.node.id == 2 and decision.cost is not None
+    queue_ms, prefill_ms = 1_000.0, 200.0
+    expected = 10 / (gorgo.RESIDENCE_MS + queue_ms + prefill_ms) * (queue_ms + prefill_ms) * prefill_ms
+    assert decision.cost.displacement_ms == pytest.approx(expected, rel=0.01)
 
 
 def test_displacement_sends_overflow_to_an_idle_region_before_a_busy_neighbour() -> None:
