@@ -617,6 +617,9 @@ class GatewayLoad(msgspec.Struct, frozen=True):
     updated_at: float
     outstanding_requests: dict[int, int]
     outstanding_prefill_tokens: dict[int, int]
+    # of outstanding_requests, those on nodes in this gateway's own region (gorgo's displacement
+    # counts a region's own arrivals); absent from older gateways: read as none
+    home_requests: dict[int, int] = {}
 
 
 class NodeKVState(msgspec.Struct, frozen=True):

@@ -20,13 +20,18 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
 - ``matched_tokens``: what the prefix index believes n holds of this prompt.
 - ``displacement_ms`` (coordinated overflow; ``w_displacement = 0`` is greedy): 0 for the
   gateway's own region; for a node in another region, the wait this request adds for that
-  region's own requests arriving while it holds the node: their rate times its time there
+  region's own requests arriving while it holds the node, *beyond* the wait it would add for its
+  own region's requests by staying at home (it is priced only when a forward costs the receiving
+  region more than staying costs the sender's: an overloaded region's overflow displaces its own
+  clients wherever it waits, so holding it at home protects nobody and only lengthens its tail).
+  At a node, that wait is the node's own region's arrival rate times this request's time there
   (queue + prefill) times what each waits (half its prefill, or all of it when it joins a queue).
-  The rate is Little's law over the time a request actually stays on that node: the requests
-  outstanding there over (``RESIDENCE_MS`` of decoding + the node's queue + prefill). A fixed
-  residence made a queued node's requests look like a high arrival rate, so the price of a
-  forward grew with the square of the receiving queue and an overloaded region kept its
-  overflow at home (the diurnal workload's tail, docs/routing.md). An imported request is usually a
+  The rate is Little's law over the requests of the node's own region outstanding there
+  (``NodeLoad.home_requests``; imported requests are not that region's arrivals) and the time a
+  request actually stays (``RESIDENCE_MS`` of decoding + the node's queue + prefill). The
+  measurements (docs/routing.md): counting imports and a fixed residence priced a forward by the
+  square of the receiving queue, and no home price kept an overloaded region's overflow at home;
+  both put the diurnal workload's p99 at twice the greedy policy's. An imported request is usually a
   cache miss there (another region's prompts), so its prefill is long and the receiving region's
   cheap cache hits queue behind it; docs/routing.md has the measurements.
 
@@ -202,11 +207,13 @@ def _rows(
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
         displacement_factor = 0.0
-        if (w_displacement or keep_factor) and node.region != home and requests:
-            # The region's own requests that arrive while this one holds the node (Little: the
-            # requests there now over how long one stays there, its queue included), each waiting
-            # for half its prefill or for all of it when it joins a queue.
-            arrivals_per_ms = requests / (RESIDENCE_MS + queue_ms + prefill_ms)
+        own_requests = load.home_requests
+        if (w_displacement or keep_factor) and own_requests:
+            # The node's own region's requests that arrive while this one holds the node (Little:
+            # theirs there now over how long one stays there, its queue included), each waiting
+            # for half its prefill or for all of it when it joins a queue. At home too: staying
+            # is the alternative a forward is priced against (below).
+            arrivals_per_ms = own_requests / (RESIDENCE_MS + queue_ms + prefill_ms)
             displacement_factor = (
                 arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
             )
@@ -227,7 +234,30 @@ def _rows(
                 displacement_factor,
             )
         )
+    if w_displacement or keep_factor:
+        rows = _net_of_staying(rows, home)
     return rows
+
+
+def _net_of_staying(rows: list[_Row], home: str) -> list[_Row]:
+    """Each forward's displacement beyond what staying at home displaces; none at home.
+
+    Staying costs the home region's own later arrivals the least any home node's factor says; a
+    forward is charged only what it displaces above that (never a credit: a forward that
+    displaces less than staying is left to the RTT, queue and prefill terms, as greedy routing
+    would). With no home candidate (an outage) every option is a forward and pays its whole factor.
+    """
+    home_factors = [row[_DISPLACEMENT_FACTOR] for row in rows if row[_NODE].region == home]
+    if not home_factors:
+        return rows
+    staying = min(home_factors)
+    netted: list[_Row] = []
+    for row in rows:
+        raw = row[_DISPLACEMENT_FACTOR]
+        factor = 0.0 if row[_NODE].region == home else max(0.0, raw - staying)
+        weighted = row[_DISPLACEMENT] * factor / raw if raw else 0.0
+        netted.append((row[_TOTAL] - row[_DISPLACEMENT] + weighted, *row[1:_DISPLACEMENT], weighted, factor))
+    return netted
 
 
 def _decide(rows: list[_Row], guards: Guards, view: RoutingView) -> Decision:

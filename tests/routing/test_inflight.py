@@ -44,3 +44,19 @@ class TestInFlight:
         book.begin(1, 100)
         book.set_peer_load({1: NodeLoad(2, 50), 3: NodeLoad(4, 0)})
         assert book.load_view() == {1: NodeLoad(3, 150), 3: NodeLoad(4, 0)}
+
+    def test_it_counts_home_requests_where_the_client_is_in_the_nodes_region(self):
+        book = InFlight("us-east")
+        book.begin(1, 100)  # before the snapshot said where node 1 is: not counted as home
+        book.set_node_regions({1: "us-east", 2: "eu-central"})
+        home = book.begin(1, 100)
+        book.begin(2, 100)  # forwarded abroad: eu-central's node, not eu-central's client
+        book.begin(2, 100, client_region="eu-central")  # the replay books every region's requests
+        assert book.home_requests() == {1: 1, 2: 1}
+        assert book.load_view()[1] == NodeLoad(2, 200, home_requests=1)
+        home.first_byte()
+        home.release()
+        home.release()
+        assert book.home_requests() == {1: 0, 2: 1}
+        book.set_peer_load({2: NodeLoad(3, 0, home_requests=3)})
+        assert book.load_view()[2] == NodeLoad(5, 200, home_requests=4)
