@@ -216,6 +216,7 @@ class Gateway:
                 inflight.outstanding_requests(),
                 inflight.outstanding_prefill_tokens(),
                 inflight.home_requests(),
+                inflight.outstanding_context_tokens(),
             ),
             on_peer_load=inflight.set_peer_load,
         )

@@ -6,13 +6,18 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
     prefill_ms(n) = uncached_tokens(n) / prefill_tokens_per_s(n) * 1000
     uncached_tokens(n) = prompt_tokens_est - matched_tokens(n)
     queue_ms(n) = (outstanding_prefill_tokens(n) * (1 + s(n)) + uncached_tokens(n) * s(n))
-                  / prefill_tokens_per_s(n) * 1000
+                  / prefill_tokens_per_s(n) * 1000 + kv_wait_ms(n)
     s(n) = DECODE_SLOWDOWN_AT_FULL_BATCH * running(n) / max_num_seqs(n)
 
 - ``rtt_ms``: the measured round trip from this gateway's region (``params.default_rtt_ms`` when
   there is no measurement yet). One round trip: the request goes out, the first token comes back.
 - ``outstanding_prefill_tokens``: prompt tokens this gateway and its peers sent to n that have not
   produced a first token yet (prefill still ahead of a new request in vLLM's FCFS queue).
+- ``kv_wait_ms`` (in the queue term): when this prompt's uncached tokens do not fit in n's KV cache
+  (``kv_capacity_tokens``) beside the prompt tokens its outstanding requests hold until they finish
+  (``outstanding_context_tokens``), vLLM admits it only as they free blocks: the excess over the
+  rate they drain at (held tokens per ``RESIDENCE_MS``). Long answers keep a node's cache full
+  while its prefill queue is empty; without this term such a node looked idle (mixed-length).
 - ``running``: sequences on n: the larger of the requests the gateways have outstanding there and
   the node's scraped ``num_running + num_waiting`` (traffic that did not come through gorgo).
   Every running sequence takes a slice of each engine step, so prefill runs slower on a busy node;
@@ -204,6 +209,13 @@ def _rows(
         slowdown = DECODE_SLOWDOWN_AT_FULL_BATCH * running / max_seqs
         prefill_tokens = load.outstanding_prefill_tokens
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
+        held_tokens = load.outstanding_context_tokens
+        kv_excess = held_tokens + uncached - node.kv_capacity_tokens
+        if kv_excess > 0 and held_tokens:
+            # The prompt does not fit beside what the outstanding requests hold: vLLM admits it
+            # only as they finish and free their blocks, each after about a residence, so the
+            # held tokens drain at held / RESIDENCE_MS per ms.
+            queue_ms += kv_excess * RESIDENCE_MS / held_tokens
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
         displacement_factor = 0.0

@@ -2,7 +2,8 @@
 
 Outstanding work per node feeds ``least_load`` and the queue terms of cost-based algorithms. A
 request counts toward its node's outstanding prefill tokens until the first byte comes back (the
-node has finished prefill by then) and toward outstanding requests until it is done; toward the
+node has finished prefill by then), toward outstanding requests and context tokens (the KV cache
+its prompt holds while it decodes) until it is done; toward the
 node's home requests too when its client is in the node's region (the gateway's region, or the
 ``client_region`` given), once ``set_node_regions`` said where the nodes are.
 (Nodes that fail are kept out by ``routing.resilience.breaker``.)
@@ -31,20 +32,21 @@ class Lease:
     def first_byte(self) -> None:
         if self._prefill_open:
             self._prefill_open = False
-            self._book._add(self.node_id, 0, -self.prefill_tokens, 0)
+            self._book._add(self.node_id, 0, -self.prefill_tokens, 0, 0)
 
     def release(self) -> None:
         if self._open:
             self._open = False
             prefill = -self.prefill_tokens if self._prefill_open else 0
             self._prefill_open = False
-            self._book._add(self.node_id, -1, prefill, -self._home)
+            self._book._add(self.node_id, -1, prefill, -self._home, -self.prefill_tokens)
 
 
 class InFlight:
     """Outstanding requests and prefill tokens per node id, plus peers' load."""
 
     __slots__ = (
+        "_context_tokens",
         "_home_requests",
         "_node_regions",
         "_peer_load",
@@ -59,6 +61,7 @@ class InFlight:
         self._requests: dict[int, int] = {}
         self._prefill_tokens: dict[int, int] = {}
         self._home_requests: dict[int, int] = {}
+        self._context_tokens: dict[int, int] = {}
         self._node_regions: Mapping[int, str] = {}
         self._peer_load: Mapping[int, NodeLoad] = {}
         self.on_release: Callable[[int], None] | None = None  # a request on the node finished
@@ -71,12 +74,15 @@ class InFlight:
         """A request leaves for ``node_id``; its client is in ``client_region`` (the gateway's if None)."""
         node_region = self._node_regions.get(node_id)
         home = int(node_region is not None and node_region == (client_region or self.region))
-        self._add(node_id, 1, prefill_tokens, home)
+        self._add(node_id, 1, prefill_tokens, home, prefill_tokens)
         return Lease(self, node_id, prefill_tokens, home)
 
-    def _add(self, node_id: int, requests: int, prefill_tokens: int, home_requests: int) -> None:
+    def _add(
+        self, node_id: int, requests: int, prefill_tokens: int, home_requests: int, context_tokens: int
+    ) -> None:
         self._requests[node_id] = self._requests.get(node_id, 0) + requests
         self._prefill_tokens[node_id] = self._prefill_tokens.get(node_id, 0) + prefill_tokens
+        self._context_tokens[node_id] = self._context_tokens.get(node_id, 0) + context_tokens
         if home_requests:
             self._home_requests[node_id] = self._home_requests.get(node_id, 0) + home_requests
         if requests < 0 and self.on_release is not None:
@@ -96,6 +102,9 @@ class InFlight:
     def home_requests(self) -> dict[int, int]:
         return dict(self._home_requests)
 
+    def outstanding_context_tokens(self) -> dict[int, int]:
+        return dict(self._context_tokens)
+
     def set_peer_load(self, load: Mapping[int, NodeLoad]) -> None:
         """Other gateways' outstanding work (from the shared gateway-load hash), added to ours."""
         self._peer_load = load
@@ -104,8 +113,9 @@ class InFlight:
         """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm."""
         prefill = self._prefill_tokens
         home = self._home_requests
+        context = self._context_tokens
         view = {
-            node_id: NodeLoad(requests, prefill[node_id], home.get(node_id, 0))
+            node_id: NodeLoad(requests, prefill[node_id], home.get(node_id, 0), context[node_id])
             for node_id, requests in self._requests.items()
             if requests or prefill[node_id]
         }
@@ -118,5 +128,6 @@ class InFlight:
                     own.outstanding_requests + peer.outstanding_requests,
                     own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
                     own.home_requests + peer.home_requests,
+                    own.outstanding_context_tokens + peer.outstanding_context_tokens,
                 )
         return view

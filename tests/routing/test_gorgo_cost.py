@@ -183,3 +183,21 @@ def test_displacement_sends_overflow_to_an_idle_region_before_a_busy_neighbour()
     assert greedy.node.id == 2  # the nearest neighbour, whose own clients then wait behind it
     priced = gorgo.choose(view((home, neighbour, far), load=load, rtt_ms=rtt), request(2_000))
     assert priced.node.id == 3
+
+
+def test_a_node_whose_kv_cache_is_held_by_long_decodes_queues_a_prompt_that_does_not_fit() -> None:
+    # Node 1 has no prefill queued but its 32k-token cache is held by requests still decoding
+    # (long answers): a 4k-token prompt waits for them to free blocks. Without the term it looked
+    # idle and took every request (mixed-length: p50 of seconds on the wall clock).
+    full = node(1, prefill_tokens_per_s=10_000.0, kv_capacity_tokens=32_768)
+    room = node(2, prefill_tokens_per_s=10_000.0, kv_capacity_tokens=32_768)
+    load = {
+        1: NodeLoad(12, 0, outstanding_context_tokens=32_000),
+        2: NodeLoad(14, 500, outstanding_context_tokens=20_000),
+    }
+    decision = gorgo.choose(view((full, room), load=load, rtt_ms={1: 1.0, 2: 1.0}), request(4_000))
+    assert decision.node.id == 2 and decision.runner_up is not None
+    excess = 32_000 + 4_000 - 32_768
+    own_slowdown_ms = 4_000 * gorgo.DECODE_SLOWDOWN_AT_FULL_BATCH * 12 / 256 / 10.0
+    kv_wait_ms = excess * gorgo.RESIDENCE_MS / 32_000
+    assert decision.runner_up.queue_ms == pytest.approx(own_slowdown_ms + kv_wait_ms)
