@@ -182,3 +182,23 @@ def test_it_plans_mixed_lengths_with_long_answers() -> None:
     assert max(prompt_tokens) > 5000
     assert all(a.min_tokens == a.max_tokens >= MIXED_OUTPUT_TOKENS[0] for a in plan.arrivals)
     assert len({a.user_text[:40] for a in plan.arrivals}) == len(plan.arrivals)  # nothing shared
+
+
+async def test_it_asks_for_the_planned_answer_length_with_min_tokens(make_fleet: FleetFactory) -> None:
+    # The emulated model ends an answer on its own within 384 tokens; min_tokens holds it to 400.
+    fleet = await make_fleet(only=["node-a"], decode_step_base_ms=0.2, decode_per_seq_ms=0.0)
+    arrival = Arrival(
+        index=0,
+        at_s=0.0,
+        client_region="near",
+        conversation_id="near-m0",
+        turn=0,
+        user="near-user1",
+        user_text="Request 0: a long answer, please.",
+        system_prompt=None,
+        max_tokens=400,
+        min_tokens=400,
+    )
+    plan = WorkloadPlan("mixed-length", 1, 1.0, 1.0, ("near",), (), (arrival,))
+    (result,) = await asyncio.wait_for(run_plan(plan, {"near": fleet.url("node-a")}), timeout=60)
+    assert result.ok and result.completion_tokens == 400
