@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
 export GORGO_DEMO_DURATION_S ?= 3600
 
-.PHONY: help install run test lint format bench clean
+.PHONY: help install native run test lint format bench clean
 
 help:
 	@echo "make run    set up and start the whole system (control plane, workers, gateways, emulated fleet, demo traffic)"
@@ -22,10 +22,15 @@ $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "gorgo needs Python 3.11 or newer on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,native]'
 	touch $@
 
 install: $(VENV)/.installed
+
+# The gateway's hot modules compiled with mypyc into var/mypyc/<source hash>/ (routing/native.py):
+# reused while the sources are unchanged; without a compiler the gateway runs pure Python.
+native: install
+	@$(PY) scripts/build_native.py
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -35,7 +40,7 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-run: install
+run: install native
 	@mkdir -p var
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	test -s var/operator-password || (umask 077; $(PY) -c "import secrets; print(secrets.token_urlsafe(12))" > var/operator-password); \
@@ -46,7 +51,7 @@ run: install
 	GORGO_DEMO_KEY=$$(cat var/demo-key) bash scripts/banner.sh && \
 	exec $(VENV)/bin/honcho start -f Procfile
 
-test: lint
+test: lint native
 	@bash scripts/ensure_chromium.sh || true
 	@bash scripts/ensure_promtool.sh || true
 	@# vLLM's CPU build for tests/conformance (once: ~3-4 min; then instant), in the background:
@@ -65,11 +70,12 @@ test: lint
 	fi
 
 bench: install
-	$(PY) -m pip install -q -e '.[peers]' || echo "vllm-router could not be installed: the benchmarks run without that peer"
+	$(PY) -m pip install -q -e '.[peers]' || echo "the peers (vllm-router, gorgo-lb) could not be installed: the benchmarks run without them"
 	bash scripts/ensure_wrk.sh
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
+	$(PY) benchmarks/hotpath.py && \
 	$(PY) benchmarks/shared_limits_wan.py && \
 	$(PY) benchmarks/routing_decision.py && \
 	$(PY) benchmarks/shadow_cost.py && \

@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from redis.asyncio import Redis
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -39,7 +41,9 @@ ROUNDS = 7
 PER_ROUND = 20_000
 
 
-async def measure() -> dict[str, float]:
+def make_front_door() -> tuple[FrontDoor, Redis, RedisKeys, list[tuple[bytes, bytes]], Usage]:
+    """A front door with one key that has request and token limits, the limiter on the real Redis,
+    and a request's headers presenting that key (shared with benchmarks/hotpath.py)."""
     redis = make_limiter_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), 0.25)
     keys = RedisKeys(prefix=f"gorgobench-{uuid.uuid4().hex[:12]}")
     store = KeyStore(redis, keys)
@@ -60,7 +64,11 @@ async def measure() -> dict[str, float]:
         (b"authorization", b"Bearer " + SECRET.encode()),
         (b"content-length", b"120"),
     ]
-    usage = Usage(prompt_tokens=12, completion_tokens=4)
+    return door, redis, keys, headers, Usage(prompt_tokens=12, completion_tokens=4)
+
+
+async def measure() -> dict[str, float]:
+    door, redis, keys, headers, usage = make_front_door()
     with_door, without = [], []
     try:
         for _ in range(ROUNDS):

@@ -63,6 +63,7 @@ from overhead_servers import MODEL  # this directory is on sys.path when run as 
 from simulator.harness import free_port, stop_process_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+SHADOW_BUDGET_US = 10.0  # issue 23: a shadow adds at most this much gateway CPU per request
 RESULTS = ROOT / "benchmarks" / "results"
 SERVERS = str(ROOT / "benchmarks" / "overhead_servers.py")
 CHAT_BODY = json.dumps(
@@ -319,9 +320,15 @@ def _start(
 
 
 def _publish_policy(
-    redis_url: str, prefix: str, upstreams: list[str], algorithm: str, version: int = 1
+    redis_url: str,
+    prefix: str,
+    upstreams: list[str],
+    algorithm: str,
+    version: int = 1,
+    shadow: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Publish a snapshot with one node per mock upstream, as the control plane would."""
+    """Publish a snapshot with one node per mock upstream, as the control plane would; with
+    ``shadow`` (algorithm, its params), a shadow policy running beside the live one (issue 23)."""
     import redis
 
     from routing.contract import PARAMS_BY_ALGORITHM, RedisKeys, RegionSpec
@@ -341,9 +348,22 @@ def _publish_policy(
         )
         for i, upstream in enumerate(upstreams, start=1)
     )
+    trial = None
+    if shadow is not None:
+        import msgspec
+
+        from routing.contract import PolicySpec, TrialSpec
+
+        shadow_params = msgspec.convert(shadow[1], PARAMS_BY_ALGORITHM[shadow[0]])
+        trial = TrialSpec(
+            id=1,
+            kind="shadow",
+            policy=PolicySpec(id=2, name="shadow", algorithm=shadow[0], params=shadow_params),
+        )
     snapshot = make_snapshot(
         nodes,
         version=version,
+        shadow=trial,
         params=PARAMS_BY_ALGORITHM[algorithm](),
         regions=(RegionSpec("bench", "Bench", 0.0, 0.0),),
         name="bench",
@@ -573,11 +593,11 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def front_door_pairs(
+def pairs_in_turns(
     plain: Target, twin: Target, front: Target, rounds: int, seconds: float, c1_requests: int
 ) -> dict[str, Any]:
-    """The front door's cost from rounds in which three gateways take turns: the plain gateway,
-    its identical twin and the gateway with the front door on.
+    """What a feature costs, from rounds in which three gateways take turns: the plain gateway,
+    its identical twin and the gateway with the feature on (``front``: the front door, or a shadow).
 
     One long run per target lets the machine's drift decide the comparison (this machine is
     shared: identical gorgo targets measured minutes apart have differed by 45 %). Here all three
@@ -627,12 +647,103 @@ def front_door_pairs(
         summary[other.name] = figures_of
     summary["rounds"] = per_round
     summary["method"] = (
-        f"{rounds} rounds, the plain gateway, its twin and the front-door gateway up together; each round "
+        f"{rounds} rounds, the plain gateway, its twin and {front.name} up together; each round "
         f"{seconds:g} s of wrk -c32 per gateway (the order rotates), then {c1_requests} sequential requests "
         "to each, taking turns request by request; figures are medians over the rounds of each round's "
         "ratio or difference to the plain gateway"
     )
     return summary
+
+
+def shadow_pairs(gorgo: Any, args: argparse.Namespace, redis_url: str, prefixes: list[str]) -> dict[str, Any]:
+    """Issue 23's budget, the shadow's CPU per request: ``gorgo``, its twin and ``gorgo+shadow``
+    (the same snapshot with a shadow policy beside the live one) take turns (``pairs_in_turns``)."""
+    shadow = (args.shadow, json.loads(args.shadow_params))
+    print(
+        f"  shadow: {args.pair_rounds} rounds, taking turns with the plain gateway and its twin", flush=True
+    )
+    gateways: list[Target] = []
+    try:
+        for name, with_shadow in (("gorgo", False), ("gorgo twin", False), ("gorgo+shadow", True)):
+            gateways.append(gorgo(args.algorithm, shadow=shadow if with_shadow else None))
+            gateways[-1].name = name
+        for target in gateways:  # warm them up alike
+            latency_c1(target.port, 500, warmup=0, auth=target.auth)
+        pairs = pairs_in_turns(*gateways, args.pair_rounds, args.pair_seconds, min(500, args.c1_requests))
+        _check_shadow_logged(redis_url, prefixes[-1])
+    except Exception as exc:
+        print(f"  shadow pairs: failed: {exc}", flush=True)
+        return {"error": str(exc)[:500]}
+    finally:
+        for target in gateways:
+            target.stop()
+    pairs["setup"] = gateways[-1].note
+    pairs["budget"] = {
+        "value": pairs["gorgo+shadow"]["added_cpu_us_per_request"],
+        "max": SHADOW_BUDGET_US,
+        "met": pairs["gorgo+shadow"]["added_cpu_us_per_request"] <= SHADOW_BUDGET_US,
+    }
+    return pairs
+
+
+def _check_shadow_logged(redis_url: str, prefix: str) -> None:
+    """The shadow gateway really ran its shadow: its last request record names the shadow's node."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrevrange(f"{prefix}:requests", count=1)
+    finally:
+        client.close()
+    if not entries or not any(
+        b'"shadow_node_id":' in value and b'"shadow_node_id":null' not in value
+        for value in entries[0][1].values()
+    ):
+        raise RuntimeError(f"the shadow gateway logged no shadow decision: {entries[:1]!r}"[:300])
+
+
+def _shadow_markdown(report: dict[str, Any]) -> str:
+    pairs = report["shadow_pairs"]
+    lines = [
+        "# The shadow's cost in the gateway (issue 23)",
+        "",
+        f"`{report['command']}` on {report['machine']['cpus']} CPUs, load average "
+        f"{report['machine']['load_average']}. {pairs['method']}. The twin runs the same code as the plain "
+        "gateway: its column is this machine's noise. CPU per request is the gateway process group's user + "
+        "system time over each wrk run, divided by the requests it completed (a mean, not a p50).",
+        "",
+        f"Gateways: {pairs['setup']}.",
+        "",
+        "| figure (against the plain gateway) | shadow on: median (IQR) | budget | met | twin: median (IQR) |",
+        "|---|---:|---:|---|---:|",
+    ]
+    for name, label in (
+        ("added_cpu_us_per_request", "added CPU per request (µs)"),
+        ("rps_per_core_ratio", "req/s per core ratio"),
+        ("rps_c32_ratio", "throughput c32 ratio"),
+        ("added_p50_ms_c1", "added p50 c1 (ms)"),
+    ):
+
+        def cell(figures: dict[str, Any], name: str = name) -> str:
+            low, high = figures[f"{name}_iqr"]
+            return f"{figures[name]:g} ({low:g} to {high:g})"
+
+        budget = pairs["budget"]
+        bound, met = ("", "")
+        if name == "added_cpu_us_per_request":
+            bound, met = f"≤ {budget['max']:g}", "yes" if budget["met"] else "**no**"
+        lines.append(
+            f"| {label} | {cell(pairs['gorgo+shadow'])} | {bound} | {met} | {cell(pairs['gorgo twin'])} |"
+        )
+    low, high = pairs["gorgo twin"]["added_cpu_us_per_request_iqr"]
+    if high - low > pairs["budget"]["max"]:
+        lines += [
+            "",
+            f"Inconclusive on this run: the twin's interquartile range of added CPU ({low:g} to {high:g} µs) is "
+            f"wider than the budget, so this machine could not resolve {pairs['budget']['max']:g} µs here; "
+            "benchmarks/shadow_cost.py measures the same work in-process on the thread's CPU clock.",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -652,10 +763,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     helpers: list[Target] = []
 
-    def gorgo(algorithm: str, front_door: bool = False, tracing: bool = False, workers: int = 1) -> Target:
+    def gorgo(
+        algorithm: str,
+        front_door: bool = False,
+        tracing: bool = False,
+        workers: int = 1,
+        shadow: tuple[str, dict[str, Any]] | None = None,
+    ) -> Target:
         prefix = f"gorgobench-{uuid.uuid4().hex[:12]}"
         prefixes.append(prefix)
-        _publish_policy(redis_url, prefix, upstreams, algorithm)
+        _publish_policy(redis_url, prefix, upstreams, algorithm, shadow=shadow)
         if front_door:
             _publish_bench_key(redis_url, prefix)
         env = {
@@ -692,6 +809,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             target.note += ", auth + rate limits on (one key)"
         if tracing:
             target.note += ", tracing on (every request)"
+        if shadow is not None:
+            target.note += f", shadow {shadow[0]} {json.dumps(shadow[1])}"
         return target
 
     plan: list[tuple[str, Any]] = [
@@ -726,7 +845,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ),
                 )
             )
+    if args.shadow:
+        plan = []  # the shadow's comparison only (below): the table's targets are not run
     try:
+        if args.shadow:
+            extras["shadow_pairs"] = shadow_pairs(gorgo, args, redis_url, prefixes)
         for name, starter in plan:
             if args.only and name not in args.only and name != "direct":
                 continue
@@ -753,7 +876,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if target is not mock:
                     target.stop()
         wanted = {"gorgo", "gorgo+frontdoor"}
-        if args.pair_rounds and (not args.only or wanted <= set(args.only)):
+        if args.pair_rounds and not args.shadow and (not args.only or wanted <= set(args.only)):
             print(
                 f"  front door: {args.pair_rounds} rounds, taking turns with the plain gateway and its twin",
                 flush=True,
@@ -765,7 +888,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     pair[-1].name = name
                 for target in pair:  # warm them up alike
                     latency_c1(target.port, 500, warmup=0, auth=target.auth)
-                extras["front_door_pairs"] = front_door_pairs(
+                extras["front_door_pairs"] = pairs_in_turns(
                     *pair, args.pair_rounds, args.pair_seconds, min(500, args.c1_requests)
                 )
             except Exception as exc:
@@ -980,10 +1103,36 @@ def main() -> int:
     parser.add_argument("--skip-peers", action="store_true", help="direct and gorgo only")
     parser.add_argument("--with-httpx", action="store_true", help="also the bare proxy with httpx")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument(
+        "--shadow",
+        metavar="ALGORITHM",
+        help="measure only a shadow's cost (issue 23): gorgo, its twin and gorgo with this shadow "
+        "policy take turns for --pair-rounds rounds; writes gateway_shadow_<live>_<shadow>.{json,md}",
+    )
+    parser.add_argument("--shadow-params", default="{}", help="the shadow policy's parameters (JSON)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     print("gateway overhead benchmark (bounded: about 20 s per target)", flush=True)
     outcome = run(args)
+    if args.shadow:
+        machine = _machine()
+        machine["load_average"] = " / ".join(f"{value:.1f}" for value in os.getloadavg())
+        shadow_report = {
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": "python benchmarks/gateway_overhead.py " + " ".join(sys.argv[1:]),
+            "machine": machine,
+            "shadow_pairs": outcome["extras"]["shadow_pairs"],
+            "request_log_records": outcome["request_log_records"],
+        }
+        args.out.mkdir(parents=True, exist_ok=True)
+        name = f"gateway_shadow_{args.algorithm}_{args.shadow}"
+        (args.out / f"{name}.json").write_text(json.dumps(shadow_report, indent=2) + "\n")
+        if "error" in shadow_report["shadow_pairs"]:
+            print(shadow_report["shadow_pairs"]["error"])
+            return 1
+        (args.out / f"{name}.md").write_text(_shadow_markdown(shadow_report))
+        print(_shadow_markdown(shadow_report))
+        return 0
     targets = outcome["results"]
     added = _added(targets)
     gorgo, front = targets.get("gorgo", {}), targets.get("gorgo+frontdoor", {})

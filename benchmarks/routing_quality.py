@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gorgo_lb_peer  # this directory is on sys.path
 import httpx
 import msgspec
 import redis
@@ -65,6 +66,17 @@ from routing_quality_report import (  # this directory is on sys.path
     RunFigures,
     summarize_run,
     write_outputs,
+)
+from wan_state import (
+    SHARED_STATES,
+    WAN_SUFFIX,
+    WanRedis,
+    home_region,
+    publish_bench_key,
+    start_wan_redis,
+    state_rtts_ms,
+    summary_markdown,
+    wan_summary,
 )
 
 from routing.contract import (
@@ -108,12 +120,17 @@ GORGO_POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gorgo@greedy": ("gorgo", {"w_displacement": 0.0}),
 }
 PEERS = (PEER, PEER_LOCAL)
+# The GORGO paper's own router (PyPI gorgo-lb) behind an adapter: benchmarks/gorgo_lb_peer.py.
+GORGO_LB = tuple(gorgo_lb_peer.VARIANTS)
 DEFAULT_POLICIES = (
     "least_load",
     "prefix_affinity",
     PEER,
     PEER_LOCAL,
     "prefix_affinity@local",
+    "gorgo-lb",
+    "gorgo-lb@central",
+    "gorgo-lb+es",
     "gorgo@greedy",
     "gorgo",
 )
@@ -282,8 +299,13 @@ def start_gateways(
     redis_url: str,
     prefix: str,
     command: tuple[str, ...] = ("-m", "routing"),
+    *,
+    front_door: bool = False,
+    region_env: dict[str, dict[str, str]] | None = None,
 ) -> tuple[list[Proc], dict[str, str]]:
-    """One gateway per region (``command``: the Python arguments that run one)."""
+    """One gateway per region (``command``: the Python arguments that run one).
+
+    ``region_env``: a region's own settings (``REDIS_URL`` through that region's WAN delay)."""
     procs: list[Proc] = []
     for region in regions:
         env = {
@@ -293,7 +315,10 @@ def start_gateways(
             "GORGO_REDIS_PREFIX": prefix,
             "REDIS_URL": redis_url,
             "LOG_LEVEL": "info",  # uvicorn prints the port it bound at info
-            "GORGO_AUTH": "off",  # routing quality, not the front door (gateway_overhead.py measures it)
+            # Routing quality, not the front door (gateway_overhead.py measures its cost), unless
+            # a run asks for it (--front-door: what shared limits add over the WAN).
+            "GORGO_AUTH": "on" if front_door else "off",
+            **(region_env or {}).get(region, {}),
         }
         procs.append(spawn(f"gateway-{region}", [sys.executable, *command], workdir, env))
     urls: dict[str, str] = {}
@@ -336,7 +361,10 @@ def find_peer() -> str | None:
 # ---- what the control plane and telemetry would write ------------------------------------------
 
 
-def node_specs(topology: Topology, fleet: FleetProc) -> tuple[NodeSpec, ...]:
+def node_specs(
+    topology: Topology, fleet: FleetProc, prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
+) -> tuple[NodeSpec, ...]:
+    """The nodes as the policy describes them (``prefill_tokens_per_s``: what it is told)."""
     specs = []
     for node_id, (spec, node) in enumerate(zip(topology.nodes, fleet.nodes, strict=True), start=1):
         assert spec.name == node["name"]
@@ -350,7 +378,7 @@ def node_specs(topology: Topology, fleet: FleetProc) -> tuple[NodeSpec, ...]:
                 gpu_type=spec.gpu_type,
                 gpu_count=spec.gpu_count,
                 max_num_seqs=spec.engine.max_num_seqs,
-                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+                prefill_tokens_per_s=prefill_tokens_per_s,
                 kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
             )
         )
@@ -364,28 +392,14 @@ def publish_policy(
     nodes: tuple[NodeSpec, ...],
     algorithm: str,
     overrides: dict[str, Any] | None = None,
+    rtt_scale: float = 1.0,
 ) -> None:
     """Write the RTT table and the policy snapshot, as telemetry and the control plane would.
 
     ``overrides`` set policy parameters the algorithm has (the others are ignored): the policy's
     own (``GORGO_POLICIES``) and a run's ``--param``s.
     """
-    now_s = time.time()
-    entries = tuple(
-        RTTEntry(
-            region=region.slug,
-            node_id=node.id,
-            # What a probe's EWMA converges to: the base RTT plus the mean of the additive jitter.
-            rtt_ms=topology.rtt_ms(region.slug, node.region)
-            + topology.jitter_ms(region.slug, node.region) / 2,
-            jitter_ms=topology.jitter_ms(region.slug, node.region),
-            samples=100,
-            updated_at=now_s,
-        )
-        for region in topology.regions
-        for node in nodes
-    )
-    client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now_s, entries)))
+    publish_rtt(client, keys, topology, nodes, rtt_scale)
     model = topology.nodes[0].model
     snapshot = make_snapshot(
         nodes,
@@ -397,6 +411,34 @@ def publish_policy(
     )
     if not write(client, keys, snapshot):
         raise RuntimeError(f"{keys.prefix} already holds a newer policy snapshot")
+
+
+def publish_rtt(
+    client: redis.Redis,
+    keys: RedisKeys,
+    topology: Topology,
+    nodes: tuple[NodeSpec, ...],
+    rtt_scale: float = 1.0,
+) -> None:
+    """The RTT table telemetry's probes would write (``rtt_scale``: a table that far off)."""
+    now_s = time.time()
+    entries = tuple(
+        RTTEntry(
+            region=region.slug,
+            node_id=node.id,
+            # What a probe's EWMA converges to: the base RTT plus the mean of the additive jitter.
+            rtt_ms=(
+                topology.rtt_ms(region.slug, node.region) + topology.jitter_ms(region.slug, node.region) / 2
+            )
+            * rtt_scale,
+            jitter_ms=topology.jitter_ms(region.slug, node.region),
+            samples=100,
+            updated_at=now_s,
+        )
+        for region in topology.regions
+        for node in nodes
+    )
+    client.set(keys.live_rtt, encode(RTTTable(SCHEMA_VERSION, now_s, entries)))
 
 
 def _params(algorithm: str, overrides: dict[str, Any]) -> Any:
@@ -421,6 +463,12 @@ class RunSpec:
     requests: int
     seed: int = 1
     param_overrides: dict[str, float] = field(default_factory=dict)
+    shared_state: str = "loopback"  # or "wan": the gateways reach Redis through their region's delay
+    front_door: bool = False  # a client key with limits on every gateway request
+    # Wrong inputs (benchmarks/routing_sensitivity.py): the policy is told prefill speeds this many
+    # times the nodes' real one, and an RTT table this many times the real round trips.
+    told_prefill_scale: float = 1.0
+    told_rtt_scale: float = 1.0
 
 
 @dataclass
@@ -434,6 +482,7 @@ class RunOutput:
     arrival_window_s: float
     records: list[RequestRecord] = field(default_factory=list)
     oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
+    peer_state: dict[str, Any] | None = None  # gorgo-lb: each adapter's final weights and tuner
 
 
 COUNTERS = {
@@ -488,6 +537,7 @@ async def drive(
     node_urls: dict[str, str],
     warmup_requests: int,
     outages: OutageActions | None = None,
+    api_key: str | None = None,
 ) -> tuple[list[RequestResult], dict[str, dict[str, float]], dict[str, Any]]:
     """Send the plan; snapshot the nodes' counters when the warm-up ends and after the last answer.
 
@@ -508,7 +558,9 @@ async def drive(
 
         warm = asyncio.create_task(at_warm_end())
         faults = asyncio.create_task(apply_outages(plan, outages, http)) if outages and plan.outages else None
-        results = await run_plan(plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S)
+        results = await run_plan(
+            plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S, api_key=api_key
+        )
         before = await warm
         if faults is not None:
             await faults
@@ -575,20 +627,54 @@ def run_once(
     client = redis.Redis.from_url(redis_url)
     prefix = f"gorgobench-rq-{uuid.uuid4().hex[:12]}"
     keys = RedisKeys(prefix=prefix)
+    wan: WanRedis | None = None
+    api_key: str | None = None
+    adapters: gorgo_lb_peer.Adapters | None = None
     try:
-        nodes = node_specs(topology, fleet)
+        nodes = node_specs(topology, fleet, PREFILL_TOKENS_PER_S * spec.told_prefill_scale)
         if spec.policy in PEERS:
             assert router is not None
             peer_procs, targets = start_peers(
                 workdir, router, fleet, regions, local=spec.policy == PEER_LOCAL
             )
             procs += peer_procs
+        elif spec.policy in GORGO_LB:
+            configs = gorgo_lb_peer.adapter_configs(
+                spec.policy,
+                fleet.nodes,
+                topology,
+                spec.scenario.client_shares,
+                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+                kv_capacity_tokens=KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
+                seed=spec.seed,
+            )
+            adapters = gorgo_lb_peer.start_adapters(configs, regions, workdir, spawn, wait_ready)
+            procs += adapters.procs
+            targets = adapters.targets
         else:
             algorithm, policy_params = GORGO_POLICIES[spec.policy]
             publish_policy(
-                client, keys, topology, nodes, algorithm, {**policy_params, **spec.param_overrides}
+                client,
+                keys,
+                topology,
+                nodes,
+                algorithm,
+                {**policy_params, **spec.param_overrides},
+                rtt_scale=spec.told_rtt_scale,
             )
-            gateway_procs, targets = start_gateways(workdir, regions, redis_url, prefix)
+            if spec.shared_state == "wan":
+                home = home_region(topology, spec.scenario.client_shares)
+                wan = start_wan_redis(redis_url, state_rtts_ms(topology, home), workdir, ROOT)
+            if spec.front_door:
+                api_key = publish_bench_key(client, keys)
+            gateway_procs, targets = start_gateways(
+                workdir,
+                regions,
+                redis_url,
+                prefix,
+                front_door=spec.front_door,
+                region_env=wan.gateway_env() if wan is not None else None,
+            )
             procs += gateway_procs
         home_targets = dict(targets)
 
@@ -597,9 +683,9 @@ def run_once(
                 targets[region] = (
                     home_targets[region] if healthy else home_targets[nearest_region(topology, region)]
                 )
-            elif spec.policy != PEER:  # the gateways read health from the live state
+            elif spec.policy in GORGO_POLICIES:  # the gateways read health from the live state
                 mark_health(client, keys, [n.id for n in nodes if n.region == region], healthy)
-            # the global vllm-router finds out by itself (its health checks and retries)
+            # the global vllm-router and gorgo-lb find out by themselves (health checks, scrapes)
 
         outages = OutageActions(
             fleet.control_url,
@@ -607,21 +693,30 @@ def run_once(
             on_detected,
         )
         node_urls = {node["name"]: node["url"] for node in fleet.nodes}
-        results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages))
+        results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages, api_key))
         window_s = plan.arrivals[-1].at_s - plan.arrivals[min(warmup, len(plan.arrivals) - 1)].at_s
         records: list[RequestRecord] = []
-        if spec.policy not in PEERS:
+        if spec.policy in GORGO_POLICIES:
             time.sleep(0.3)  # the gateways flush their request logs every 50 ms
             records = [
                 decode(fields[b"r"], RequestRecord) for _, fields in client.xrange(keys.request_stream)
             ]
         regions_of = {n["name"]: n["region"] for n in fleet.nodes}
         return RunOutput(
-            results, warmup, counters, regions_of, window_s, records, oracle_by_index(plan, oracle)
+            results,
+            warmup,
+            counters,
+            regions_of,
+            window_s,
+            records,
+            oracle_by_index(plan, oracle),
+            adapters.state() if adapters else None,
         )
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if wan is not None:
+            wan.stop()
         delete_namespace(client, prefix)
         client.close()
 
@@ -688,7 +783,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, *PEERS))} (default: {', '.join(DEFAULT_POLICIES)})",
+        help=f"comma-separated subset of {', '.join((*GORGO_POLICIES, *PEERS, *GORGO_LB))} (default: {', '.join(DEFAULT_POLICIES)})",
     )
     parser.add_argument(
         "--topology", default=None, help="topology file for every scenario (simulator format)"
@@ -714,6 +809,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rate", type=float, default=None, help="arrival rate for every scenario (exploration)"
     )
     parser.add_argument("--no-peer", action="store_true", help=f"skip {PEER} even if installed")
+    parser.add_argument(
+        "--shared-state",
+        default="loopback",
+        help="comma-separated, of loopback (Redis beside every gateway) and wan (Redis in the region "
+        "with the most clients, the others' gateways through their RTT to it; reported as "
+        f"<workload>{WAN_SUFFIX}); gateway policies only (benchmarks/wan_state.py)",
+    )
+    parser.add_argument(
+        "--front-door",
+        action="store_true",
+        help="gateways with the front door on and one client key with rate and max_concurrent limits",
+    )
     parser.add_argument(
         "--out",
         default=None,
@@ -802,9 +909,12 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     else:
         policies = list(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)
-    unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS})
+    unknown = sorted(set(policies) - {*GORGO_POLICIES, *PEERS, *GORGO_LB})
     if unknown:
         raise SystemExit(f"unknown policy(ies) {unknown}")
+    shared_states = [state.strip() for state in args.shared_state.split(",") if state.strip()]
+    if not shared_states or set(shared_states) - set(SHARED_STATES):
+        raise SystemExit(f"--shared-state: comma-separated, of {', '.join(SHARED_STATES)}")
     notes: list[str] = []
     param_overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
     if param_overrides:
@@ -816,6 +926,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_peer
             else f"{PEER} skipped (--no-peer)"
         )
+    if not gorgo_lb_peer.installed() and any(p in GORGO_LB for p in policies):
+        policies = [p for p in policies if p not in GORGO_LB]
+        notes.append("gorgo-lb skipped: not installed (`pip install -e '.[peers]'`)")
     out = (
         Path(args.out)
         if args.out
@@ -827,27 +940,52 @@ def main(argv: list[str] | None = None) -> int:
     started_s = time.perf_counter()
     runs: dict[str, dict[str, list[RunFigures]]] = {}
     fleets: dict[str, dict[str, Any]] = {}
+    shared_state_rtts: dict[str, dict[str, float]] = {}  # scenario -> region -> RTT to Redis
     failed = False
     for scenario, topology in scenarios:
         rate = args.rate or scenario_rate(scenario, topology)
         fleets[scenario.name] = describe_fleet(scenario, topology, rate)
+        if "wan" in shared_states:
+            home = home_region(topology, scenario.client_shares)
+            shared_state_rtts[scenario.name] = state_rtts_ms(topology, home)
+            fleets[scenario.name + WAN_SUFFIX] = {
+                **fleets[scenario.name],
+                "redis_region": home,
+                "shared_state_rtt_ms": shared_state_rtts[scenario.name],
+            }
         for seed in seeds:
-            for policy in policies:
+            # Rounds taken in turns (loopback, then WAN, per policy) so machine noise hits both.
+            for policy, shared_state in (
+                (policy, state)
+                for policy in policies
+                for state in shared_states
+                if state == "loopback" or policy not in PEERS  # routers do not use Redis
+            ):
                 if (
                     policy in OVERFLOW_ONLY_POLICIES
                     and scenario.name not in OVERFLOW_SCENARIOS
                     and not args.policies
                 ):
                     continue
+                name = scenario.name + (WAN_SUFFIX if shared_state == "wan" else "")
                 print(
-                    f"{scenario.name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
+                    f"{name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
                     end=" ",
                     flush=True,
                 )
                 run_started_s = time.perf_counter()
                 try:
                     output = run_once(
-                        RunSpec(scenario, policy, rate, requests, seed, param_overrides),
+                        RunSpec(
+                            scenario,
+                            policy,
+                            rate,
+                            requests,
+                            seed,
+                            param_overrides,
+                            shared_state=shared_state,
+                            front_door=args.front_door,
+                        ),
                         topology,
                         redis_url,
                         workdir,
@@ -856,14 +994,14 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # a run that cannot start is reported; the others go on
                     failed = True
                     print(f"FAILED: {exc}", flush=True)
-                    notes.append(f"{scenario.name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
+                    notes.append(f"{name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
                     continue
                 figures = summarize_run(output, PREFILL_TOKENS_PER_S)
-                runs.setdefault(scenario.name, {}).setdefault(policy, []).append(figures)
+                runs.setdefault(name, {}).setdefault(policy, []).append(figures)
                 if args.raw:
                     raw_dir = Path(args.raw)
                     raw_dir.mkdir(parents=True, exist_ok=True)
-                    with (raw_dir / f"{scenario.name}-{policy}-{seed}.jsonl").open("wb") as raw:
+                    with (raw_dir / f"{name}-{policy}-{seed}.jsonl").open("wb") as raw:
                         raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
                 print(
                     f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
@@ -889,10 +1027,25 @@ def main(argv: list[str] | None = None) -> int:
         "engine": dict(ENGINE_OVERRIDES),
         "rtt_source": "RTTTable published to live_rtt from the topology (RTT + mean jitter)",
         "peer": {"name": PEER, "policy": "cache_aware", "path": router} if router else None,
+        "gorgo_lb": gorgo_lb_peer.describe() if gorgo_lb_peer.installed() else None,
         "notes": notes,
         "quick": args.quick,
+        "front_door": args.front_door,
+        "load_average": os.getloadavg(),
     }
+    if shared_state_rtts:
+        summary = wan_summary(runs, shared_state_rtts)
+        meta["shared_state"] = {
+            "modes": shared_states,
+            "shared_state_rtt_ms": shared_state_rtts,  # scenario -> region -> RTT to Redis
+            "summary": summary,
+        }
     paths = write_outputs(out, meta, runs)
+    if shared_state_rtts:
+        md_path = out.with_suffix(".md")
+        md_path.write_text(
+            md_path.read_text() + "\n" + "\n".join(summary_markdown(summary, args.front_door)) + "\n"
+        )
     print(f"wrote {', '.join(str(p) for p in paths)} in {meta['duration_s']:.0f}s", flush=True)
     if failed:
         print(f"process logs kept in {workdir}", flush=True)

@@ -305,11 +305,14 @@ class Gateway:
             prober,
             tracing,
         )
+        if front_door is not None:
+            # First, so their connections and scripts are warm by the first request: the awaits
+            # below take a few round trips when Redis is in another region.
+            front_door.limiter.start()
+            front_door.concurrency.start()
         await store.start()
         if front_door is not None:
             await front_door.store.start()
-            front_door.limiter.start()
-            front_door.concurrency.start()
         request_log.start()
         self.runtime.prober.start()
         await sharing.start()

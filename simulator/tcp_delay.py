@@ -9,12 +9,20 @@ limited (a WAN's latency, not its bandwidth, is what the request path feels). Lo
     port = await proxy.start()         # redis://127.0.0.1:<port>/0 now answers 120 ms later
     ...
     await proxy.close()
+
+or as a process, one proxy per ``--rtt-ms`` (prints one JSON line ``{"ports": [...]}`` when ready,
+then runs until SIGTERM)::
+
+    python -m simulator.tcp_delay --upstream 127.0.0.1:6379 --rtt-ms 88 --rtt-ms 235
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import json
+import signal
 
 _CHUNK_BYTES = 65_536
 
@@ -92,3 +100,32 @@ class TcpDelayProxy:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await delivering
             writer.close()
+
+
+async def serve(upstream_host: str, upstream_port: int, rtts_ms: list[float]) -> None:
+    """Run one proxy per round trip until SIGTERM or SIGINT; print their ports first."""
+    proxies = [TcpDelayProxy(upstream_host, upstream_port, rtt_ms=rtt_ms) for rtt_ms in rtts_ms]
+    ports = [await proxy.start() for proxy in proxies]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    print(json.dumps({"ports": ports}), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        for proxy in proxies:
+            await proxy.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="TCP delay proxies in front of one loopback server")
+    parser.add_argument("--upstream", default="127.0.0.1:6379", help="HOST:PORT on loopback")
+    parser.add_argument("--rtt-ms", type=float, action="append", required=True, help="one proxy per value")
+    args = parser.parse_args(argv)
+    host, _, port = args.upstream.rpartition(":")
+    asyncio.run(serve(host or "127.0.0.1", int(port), args.rtt_ms))
+
+
+if __name__ == "__main__":
+    main()

@@ -68,11 +68,13 @@ Guards (each with a test that fails without it; docs/routing.md explains the mec
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
-from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
+from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.contract import CostTerms, GorgoParams, NodeSpec
 
 CAPACITY_FACTOR = 1.0
@@ -90,7 +92,6 @@ TIE_BAND_MS = 2.0
 RESIDENCE_MS = 1000.0
 
 _DEFAULT_PARAMS = GorgoParams()
-_NO_LOAD = NodeLoad()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,103 +114,214 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
 def choose_guarded(view: RoutingView, request: RoutingRequest, guards: Guards) -> Decision:
     """``choose`` with an explicit set of guards."""
     params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
-    rows = _rows(view, request, guards, params, False)
-    return _decide(rows, guards, view)
+    return choose_with(view, request, params, guards)
+
+
+def choose_with(
+    view: RoutingView,
+    request: RoutingRequest,
+    params: GorgoParams,
+    guards: Guards = ALL_GUARDS,
+    *,
+    runner_up: bool = True,
+) -> Decision:
+    """``choose`` under ``params`` whatever ``view.params`` says: a shadow decides on the live view
+    without a second ``RoutingView`` (issue 23), and without the runner-up it does not log."""
+    totals, rows, full = _evaluate(view, request, guards, params, False)
+    return _decide(totals, rows, full, params.w_displacement, guards, view, runner_up)
 
 
 def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams) -> tuple[Decision, Decision]:
-    """``choose`` under the view's parameters and under ``other``, which may differ only in weights.
+    """``choose`` under the view's parameters and under ``other`` (gorgo's parameters both).
 
-    A shadow that moves gorgo's weights (issue 23) decides on the same per-node terms (RTT, queue,
-    prefill, the displacement's factor), which do not depend on the weights: they are computed
-    once and only the totals are weighed again, so the shadow costs a pick, not a decision.
-    ``other.default_rtt_ms`` must be the view's (it changes a term, not a weight).
+    A shadow that moves gorgo's weights (issue 23) decides on the same per-node terms (queue,
+    prefill, the displacement's factor, RTT), which do not depend on the weights: they are
+    computed once and only the totals are weighed again, so the shadow costs a pick, not a
+    decision. Another ``default_rtt_ms`` changes one term, the RTT of the nodes not measured yet:
+    only those rows change.
     """
     params = view.params if isinstance(view.params, GorgoParams) else _DEFAULT_PARAMS
-    rows = _rows(view, request, ALL_GUARDS, params, True)
+    totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, True)
+    other_rows = rows
+    if other.default_rtt_ms != params.default_rtt_ms:
+        measured = view.rtt_ms
+        default_rtt_ms = other.default_rtt_ms
+        other_rows = [row if row[_NODE].id in measured else _with_rtt(row, default_rtt_ms) for row in rows]
     w_rtt, w_queue, w_displacement = other.w_rtt, other.w_queue, other.w_displacement
     reweighed = [
-        (
-            w_rtt * row[_RTT]
-            + w_queue * row[_QUEUE]
-            + row[_PREFILL]
-            + w_displacement * row[_DISPLACEMENT_FACTOR],
-            *row[1:_DISPLACEMENT],
-            w_displacement * row[_DISPLACEMENT_FACTOR],
-            row[_DISPLACEMENT_FACTOR],
-        )
-        for row in rows
+        w_rtt * row[_RTT] + w_queue * row[_QUEUE] + row[_PREFILL] + w_displacement * row[_DISPLACEMENT_FACTOR]
+        for row in other_rows
     ]
-    return _decide(rows, ALL_GUARDS, view), _decide(reweighed, ALL_GUARDS, view)
+    return (
+        _decide(totals, rows, full, params.w_displacement, ALL_GUARDS, view, True),
+        _decide(reweighed, other_rows, full, w_displacement, ALL_GUARDS, view, True),
+    )
 
 
-def _rows(
-    view: RoutingView, request: RoutingRequest, guards: Guards, params: GorgoParams, keep_factor: bool
-) -> list[_Row]:
-    """Every candidate's valuation under ``params``; ``keep_factor``: compute the displacement's
-    factor even when ``w_displacement`` is 0 (``choose_twice`` weighs it again)."""
+def _with_rtt(row: _Row, rtt_ms: float) -> _Row:
+    requests, prefill_tokens, full, node, _, queue_ms, prefill_ms, matched, uncached, factor = row
+    return (requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, factor)
+
+
+def price(view: RoutingView, request: RoutingRequest, node: NodeSpec, params: GorgoParams) -> CostTerms:
+    """The terms of ``node`` alone under ``params``: what ``choose`` on a view with that one candidate
+    returns, without building that view (a shadow prices the side whose algorithm prices nothing).
+    As for a lone candidate, no hot-prefix guard: the node gets all the credit the index gives it."""
+    totals, rows, _ = _evaluate(view, request, ALL_GUARDS, params, False, _lone(node))
+    return _terms(totals[0], rows[0], params.w_displacement)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fleet:
+    """What the candidates contribute to every decision that does not change between requests."""
+
+    candidates: tuple[NodeSpec, ...]
+    # per candidate: node, id, region, region's slot, ms per prefill token, max_num_seqs (>= 1),
+    # the outstanding requests at which it is full
+    nodes: tuple[tuple[NodeSpec, int, str, int, float, int, float], ...]
+    region_nodes: tuple[int, ...]  # candidates per region slot (the hot-prefix guard's means)
+
+
+def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
+    """The candidates' constants, cached per candidate tuple: the routing table keeps one tuple per
+    model for the life of a snapshot, so the request path reads them instead of recomputing them
+    per node per request. The entry holds the tuple, so its id cannot be reused while it lives."""
+    entry = _FLEETS.get(id(candidates))
+    if entry is not None and entry.candidates is candidates:
+        return entry
+    slots: dict[str, int] = {}
+    region_nodes: list[int] = []
+    nodes = []
+    for node in candidates:
+        slot = slots.setdefault(node.region, len(slots))
+        if slot == len(region_nodes):
+            region_nodes.append(0)
+        region_nodes[slot] += 1
+        rate = node.prefill_tokens_per_s
+        max_seqs = max(node.max_num_seqs, 1)
+        nodes.append(
+            (
+                node,
+                node.id,
+                node.region,
+                slot,
+                1000.0 / rate if rate > 0 else 1000.0,
+                max_seqs,
+                max_seqs * CAPACITY_FACTOR,
+            )
+        )
+    fleet = _Fleet(candidates, tuple(nodes), tuple(region_nodes))
+    if len(_FLEETS) >= _FLEETS_KEPT:
+        _FLEETS.clear()
+    _FLEETS[id(candidates)] = fleet
+    return fleet
+
+
+def _lone(node: NodeSpec) -> _Fleet:
+    """``node`` as the only candidate (pricing), cached per node object like ``_fleet``."""
+    entry = _LONE.get(id(node))
+    if entry is not None and entry.candidates[0] is node:
+        return entry
+    rate = node.prefill_tokens_per_s
+    max_seqs = max(node.max_num_seqs, 1)
+    constants = (
+        node,
+        node.id,
+        node.region,
+        0,
+        1000.0 / rate if rate > 0 else 1000.0,
+        max_seqs,
+        max_seqs * CAPACITY_FACTOR,
+    )
+    fleet = _Fleet((node,), (constants,), (1,))
+    if len(_LONE) >= _LONE_KEPT:
+        _LONE.clear()
+    _LONE[id(node)] = fleet
+    return fleet
+
+
+def _evaluate(
+    view: RoutingView,
+    request: RoutingRequest,
+    guards: Guards,
+    params: GorgoParams,
+    keep_factor: bool,
+    fleet: _Fleet | None = None,
+) -> tuple[list[float], list[_Row], list[int]]:
+    """Every candidate's total under ``params``, its terms, and which candidates are full.
+
+    ``keep_factor``: compute the displacement's factor even when ``w_displacement`` is 0
+    (``choose_twice`` weighs it again). ``fleet``: other candidates than the view's.
+    This is the hot loop (issue 23's budget): per node, only what changes between requests.
+    """
     w_rtt = params.w_rtt
     w_queue = params.w_queue
     w_displacement = params.w_displacement
+    with_factor = bool(w_displacement or keep_factor)
     home = view.region
     default_rtt_ms = params.default_rtt_ms
-    prompt_tokens = max(0, request.prompt_tokens_est)
-    candidates = view.candidates
+    prompt_tokens = request.prompt_tokens_est
+    if prompt_tokens < 0:
+        prompt_tokens = 0
+    if fleet is None:
+        fleet = _fleet(view.candidates)
+    matched_tokens = view.matched_tokens
     load_of = view.load.get
     rtt_of = view.rtt_ms.get
-    live_of = view.live.get
-    matched_map = view.matched_tokens
-    matched_of = matched_map.get
-
-    # Per region: (outstanding requests, candidates), for the hot-prefix guard.
-    region_load: dict[str, list[int]] | None = None
-    if guards.hot_prefix and matched_map and len(candidates) > 1:
-        region_load = {}
-        for node in candidates:
-            entry = region_load.setdefault(node.region, [0, 0])
-            entry[0] += load_of(node.id, _NO_LOAD).outstanding_requests
-            entry[1] += 1
-
-    rows: list[_Row] = []
+    live_of = view.live.get if view.live else None
+    matched_of = matched_tokens.get
     capacity_guard = guards.capacity
-    any_live = bool(view.live)
-    for node in candidates:
-        node_id = node.id
-        load = load_of(node_id, _NO_LOAD)
-        requests = load.outstanding_requests
-        running = requests
-        if any_live:
+    # Per region slot: outstanding requests, for the hot-prefix guard (a node against its
+    # region's others). Only when some node has cache credit to lose.
+    region_requests: list[int] | None = None
+    if guards.hot_prefix and matched_tokens and len(fleet.nodes) > 1:
+        region_requests = [0] * len(fleet.region_nodes)
+        for _, node_id, _, slot, _, _, _ in fleet.nodes:
+            load = load_of(node_id)
+            if load is not None:
+                region_requests[slot] += load.outstanding_requests
+        region_nodes = fleet.region_nodes
+    full: list[int] = []
+    totals: list[float] = []
+    rows: list[_Row] = []
+    add_total = totals.append
+    add_row = rows.append
+    for node, node_id, _region, slot, ms_per_token, max_seqs, capacity in fleet.nodes:
+        load = load_of(node_id)
+        if load is None:
+            requests = prefill_tokens = own_requests = held_tokens = 0
+        else:
+            requests = load.outstanding_requests
+            prefill_tokens = load.outstanding_prefill_tokens
+            own_requests = load.home_requests
+            held_tokens = load.outstanding_context_tokens
+        running = float(requests)  # a float: scraped counts may replace it
+        if live_of is not None:
             live = live_of(node_id)
             if live is not None and live.num_running is not None:
                 scraped = live.num_running + (live.num_waiting or 0.0)
                 if scraped > running:
                     running = scraped
-        max_seqs = node.max_num_seqs
-        if max_seqs < 1:
-            max_seqs = 1
-        full = capacity_guard and requests >= max_seqs * CAPACITY_FACTOR
+        is_full = capacity_guard and requests >= capacity
+        if is_full:
+            full.append(len(rows))
 
         matched = matched_of(node_id, 0)
         if matched:
             if matched > prompt_tokens:
                 matched = prompt_tokens
-            if region_load is not None:
-                region_requests, region_nodes = region_load[node.region]
+            if region_requests is not None:
+                others = region_nodes[slot] - 1
                 if (
-                    region_nodes > 1
+                    others
                     and requests
-                    > HOT_LOAD_FACTOR * (region_requests - requests) / (region_nodes - 1)
-                    + HOT_LOAD_SLACK_REQUESTS
+                    > HOT_LOAD_FACTOR * (region_requests[slot] - requests) / others + HOT_LOAD_SLACK_REQUESTS
                 ):
                     matched = 0  # too hot to be credited for its cache: let the prefix spread
         uncached = prompt_tokens - matched
 
-        rate = node.prefill_tokens_per_s
-        ms_per_token = 1000.0 / rate if rate > 0 else 1000.0
         slowdown = DECODE_SLOWDOWN_AT_FULL_BATCH * running / max_seqs
-        prefill_tokens = load.outstanding_prefill_tokens
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
-        held_tokens = load.outstanding_context_tokens
         kv_excess = held_tokens + uncached - node.kv_capacity_tokens
         if kv_excess > 0 and held_tokens:
             # The prompt does not fit beside what the outstanding requests hold: vLLM admits it
@@ -219,8 +331,7 @@ def _rows(
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
         displacement_factor = 0.0
-        own_requests = load.home_requests
-        if (w_displacement or keep_factor) and own_requests:
+        if with_factor and own_requests:
             # The node's own region's requests that arrive while this one holds the node (Little:
             # theirs there now over how long one stays there, its queue included), each waiting
             # for half its prefill or for all of it when it joins a queue. At home too: staying
@@ -229,74 +340,121 @@ def _rows(
             displacement_factor = (
                 arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
             )
-        displacement_ms = w_displacement * displacement_factor
-        rows.append(
+        add_total(w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + w_displacement * displacement_factor)
+        add_row(
             (
-                w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + displacement_ms,
                 requests,
                 prefill_tokens,
-                full,
+                is_full,
                 node,
                 rtt_ms,
                 queue_ms,
                 prefill_ms,
                 matched,
                 uncached,
-                displacement_ms,
                 displacement_factor,
             )
         )
-    if w_displacement or keep_factor:
-        rows = _net_of_staying(rows, home)
-    return rows
+    if with_factor:
+        _net_of_staying(totals, rows, home, w_displacement)
+    return totals, rows, full
 
 
-def _net_of_staying(rows: list[_Row], home: str) -> list[_Row]:
-    """Each forward's displacement beyond what staying at home displaces; none at home.
+def _net_of_staying(totals: list[float], rows: list[_Row], home: str, w_displacement: float) -> None:
+    """Each forward's displacement beyond what staying at home displaces; none at home (in place).
 
     Staying costs the home region's own later arrivals the least any home node's factor says; a
     forward is charged only what it displaces above that (never a credit: a forward that
     displaces less than staying is left to the RTT, queue and prefill terms, as greedy routing
     would). With no home candidate (an outage) every option is a forward and pays its whole factor.
     """
-    home_factors = [row[_DISPLACEMENT_FACTOR] for row in rows if row[_NODE].region == home]
-    if not home_factors:
-        return rows
-    staying = min(home_factors)
-    netted: list[_Row] = []
+    staying = -1.0
     for row in rows:
+        if row[_NODE].region == home and (staying < 0.0 or row[_DISPLACEMENT_FACTOR] < staying):
+            staying = row[_DISPLACEMENT_FACTOR]
+    if staying < 0.0:
+        return
+    for index, row in enumerate(rows):
         raw = row[_DISPLACEMENT_FACTOR]
+        if not raw:
+            continue
         factor = 0.0 if row[_NODE].region == home else max(0.0, raw - staying)
-        weighted = row[_DISPLACEMENT] * factor / raw if raw else 0.0
-        netted.append((row[_TOTAL] - row[_DISPLACEMENT] + weighted, *row[1:_DISPLACEMENT], weighted, factor))
-    return netted
+        totals[index] += w_displacement * (factor - raw)
+        requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, _ = row
+        rows[index] = (
+            requests,
+            prefill_tokens,
+            full,
+            node,
+            rtt_ms,
+            queue_ms,
+            prefill_ms,
+            matched,
+            uncached,
+            factor,
+        )
 
 
-def _decide(rows: list[_Row], guards: Guards, view: RoutingView) -> Decision:
+def _decide(
+    totals: list[float],
+    rows: list[_Row],
+    full: list[int],
+    w_displacement: float,
+    guards: Guards,
+    view: RoutingView,
+    with_runner_up: bool,
+) -> Decision:
     """The cheapest row (ties spread), past the capacity guard; with the runner-up's terms."""
-    has_room = not all(row[_FULL] for row in rows)
-    pool = [row for row in rows if not row[_FULL]] if has_room and guards.capacity else rows
-    winner = _pick(pool, guards.spread_ties, view)
-    runner_up = None
-    for row in pool if len(pool) > 1 else rows:
-        if row is not winner and (runner_up is None or row[_TOTAL] < runner_up[_TOTAL]):
-            runner_up = row
+    count = len(totals)
+    # None: every candidate (the usual case, scanned at C speed); else those with room.
+    room = (
+        [index for index in range(count) if not rows[index][_FULL]]
+        if full and guards.capacity and len(full) < count
+        else None
+    )
+    winner = _pick(room, totals, rows, guards.spread_ties, view)
+    runner_up = -1
+    if with_runner_up:
+        if room is not None and len(room) > 1:
+            for index in room:
+                if index != winner and (runner_up < 0 or totals[index] < totals[runner_up]):
+                    runner_up = index
+        elif count > 1:
+            # The first cheapest of the others: hide the winner, let min() and index() scan.
+            winner_ms = totals[winner]
+            totals[winner] = math.inf
+            runner_up = totals.index(min(totals))
+            totals[winner] = winner_ms
+            if runner_up == winner:  # every other total is infinite: the first of them
+                runner_up = 1 if winner == 0 else 0
     return Decision(
-        node=winner[_NODE],
-        cost=_terms(winner),
-        runner_up=_terms(runner_up) if runner_up is not None else None,
+        node=rows[winner][_NODE],
+        cost=_terms(totals[winner], rows[winner], w_displacement),
+        runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement) if runner_up >= 0 else None,
     )
 
 
-# One candidate's valuation. A plain tuple: building 64 of them per decision is the hot loop, and
-# a tuple costs a fraction of a class instance.
-_Row = tuple[float, int, int, bool, NodeSpec, float, float, float, int, int, float, float]
-_TOTAL, _REQUESTS, _PREFILL_TOKENS, _FULL, _NODE, _RTT, _QUEUE, _PREFILL = 0, 1, 2, 3, 4, 5, 6, 7
-_DISPLACEMENT, _DISPLACEMENT_FACTOR = 10, 11
+# One candidate's terms: a plain tuple (building 64 of them per decision is the hot loop, and a
+# tuple costs a fraction of a class instance); its total is in a list beside it, so a shadow that
+# only moves the weights weighs the same rows again.
+_Row = tuple[int, int, bool, NodeSpec, float, float, float, int, int, float]
+# Final: a literal index tells the type checker (and mypyc, which compiles this module) each field's type.
+_REQUESTS: Final = 0
+_PREFILL_TOKENS: Final = 1
+_FULL: Final = 2
+_NODE: Final = 3
+_RTT: Final = 4
+_QUEUE: Final = 5
+_PREFILL: Final = 6
+_DISPLACEMENT_FACTOR: Final = 9
+_FLEETS: dict[int, _Fleet] = {}
+_FLEETS_KEPT = 64
+_LONE: dict[int, _Fleet] = {}
+_LONE_KEPT = 1024
 
 
-def _terms(row: _Row) -> CostTerms:
-    total_ms, _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_ms, _ = row
+def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:
+    _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_factor = row
     return CostTerms(
         node_id=node.id,
         total_ms=total_ms,
@@ -305,31 +463,31 @@ def _terms(row: _Row) -> CostTerms:
         prefill_ms=prefill_ms,
         matched_tokens=matched,
         uncached_tokens=uncached,
-        displacement_ms=displacement_ms,
+        displacement_ms=w_displacement * displacement_factor,
     )
 
 
-def _pick(pool: list[_Row], spread_ties: bool, view: RoutingView) -> _Row:
-    best_ms = min(row[_TOTAL] for row in pool)
-    if not spread_ties:
-        tied = [row for row in pool if row[_TOTAL] == best_ms]
-        return min(tied, key=_load_key)
-    limit_ms = best_ms + best_ms * TIE_BAND_REL + TIE_BAND_MS
-    tied = [row for row in pool if row[_TOTAL] <= limit_ms]
+def _pick(
+    room: list[int] | None, totals: list[float], rows: list[_Row], spread_ties: bool, view: RoutingView
+) -> int:
+    best_ms = min(totals) if room is None else min([totals[index] for index in room])
+    limit_ms = best_ms + best_ms * TIE_BAND_REL + TIE_BAND_MS if spread_ties else best_ms
+    if room is None:
+        tied = [index for index, total_ms in enumerate(totals) if total_ms <= limit_ms]
+    else:
+        tied = [index for index in room if totals[index] <= limit_ms]
     count = len(tied)
-    if count <= 2:
-        return min(tied, key=_load_key)
-    # Power of two choices: the lighter of two tied nodes drawn by (gateway, request counter).
-    # Always taking the lightest node herds every gateway that shares a stale view onto it;
-    # two random choices keep the balance and make those gateways disagree.
-    draw = _mix(_gateway_seed(view.gateway_id) + view.sequence)
-    first = draw % count
-    second = (first + 1 + (draw >> 32) % (count - 1)) % count
-    return min(tied[first], tied[second], key=_load_key)
-
-
-def _load_key(row: _Row) -> tuple[int, int, float]:
-    return row[_REQUESTS], row[_PREFILL_TOKENS], row[_TOTAL]
+    if count == 1:
+        return tied[0]
+    if count > 2 and spread_ties:
+        # Power of two choices: the lighter of two tied nodes drawn by (gateway, request counter).
+        # Always taking the lightest node herds every gateway that shares a stale view onto it;
+        # two random choices keep the balance and make those gateways disagree.
+        draw = _mix(_gateway_seed(view.gateway_id) + view.sequence)
+        first = draw % count
+        second = (first + 1 + (draw >> 32) % (count - 1)) % count
+        tied = [tied[first], tied[second]]
+    return min(tied, key=lambda index: (rows[index][_REQUESTS], rows[index][_PREFILL_TOKENS], totals[index]))
 
 
 def _mix(value: int) -> int:

@@ -63,7 +63,9 @@ class KVAwareIndex:
         )
         self._last_keys: dict[int, list[int]] = {}  # block size -> keys of the current prompt
         self._last_modes: dict[int, Mode] = {}
-        self._last_matched: dict[int, int] = {}  # node -> the index's prediction, before trust
+        self._last_matched: dict[int, int] = {}  # precise node -> the index's prediction, before trust
+        self._last_approx: dict[int, int] = {}  # approximate node -> its match, after trust
+        self._last_now = 0.0  # the clock of the last match (the trust it was discounted by)
         self.last_prediction: tuple[int, Mode, int] | None = None  # node, mode, predicted tokens
         self._block_sizes: dict[int, int] = {}  # node -> its model's kv_block_size (the snapshot)
         self._key_cache: OrderedDict[tuple[int, int, int, Tenant | None], list[int]] = OrderedDict()
@@ -92,20 +94,31 @@ class KVAwareIndex:
     ) -> dict[int, int]:
         now = self._clock()
         events = self.events
+        self._last_keys = {}
+        self._last_now = now
+        self._last_matched = {}
+        if prompt_ids is None:
+            # No token ids: every node is matched approximately (insert's default mode), and
+            # the prediction before trust is worked out for the chosen node only (insert).
+            self._last_modes = {}
+            result = self.approx.match(node_ids, prompt_text) if node_ids else {}
+            self._last_approx = result
+            return result
         modes: dict[int, Mode] = {}
         approx_nodes: list[int] = []
         precise_nodes: list[int] = []
         for node_id in node_ids:
-            mode: Mode = events.mode(node_id, now) if prompt_ids is not None else "approximate"
+            mode: Mode = events.mode(node_id, now)
             modes[node_id] = mode
             (precise_nodes if mode == "precise" else approx_nodes).append(node_id)
         self._last_modes = modes
-        self._last_keys = {}
         result = self.approx.match(tuple(approx_nodes), prompt_text) if approx_nodes else {}
+        self._last_approx = result
         trust = self.approx.trust
         # What each index says the node holds, before the trust discount (the prediction the
-        # request record and the metrics compare with the node's cached tokens).
-        raw = {node_id: int(tokens / max(trust(node_id, now), 1e-3)) for node_id, tokens in result.items()}
+        # request record and the metrics compare with the node's cached tokens): for the
+        # approximate nodes worked out by insert, for the chosen node only.
+        raw = self._last_matched
         if precise_nodes and prompt_ids is not None:
             index = events.index
             text_hashes: list[int] | None = None
@@ -137,7 +150,6 @@ class KVAwareIndex:
                         # Exact when decided; a node that thrashes may evict it before the
                         # request is admitted (its queue), which the trust feedback measures.
                         result[node_id] = int(tokens * trust(node_id, now))
-        self._last_matched = raw
         return result
 
     def set_block_sizes(self, block_sizes: dict[int, int]) -> None:
@@ -179,7 +191,12 @@ class KVAwareIndex:
     def insert(self, node_id: int, prompt_text: str) -> None:
         self.approx.insert(node_id, prompt_text)
         mode = self._last_modes.get(node_id, "approximate")
-        self.last_prediction = (node_id, mode, self._last_matched.get(node_id, 0))
+        predicted = self._last_matched.get(node_id)
+        if predicted is None:
+            tokens = self._last_approx.get(node_id, 0)
+            trust = self.approx.trust(node_id, self._last_now) if tokens else 1.0
+            predicted = int(tokens / max(trust, 1e-3)) if tokens else 0
+        self.last_prediction = (node_id, mode, predicted)
         if mode != "precise":
             now = self._clock()
             if self.events.mode(node_id, now) == "precise":

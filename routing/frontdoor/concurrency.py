@@ -16,8 +16,13 @@ limit.
 - **Release**: the local count falls; the slot stays leased here, so the next request reuses it
   without a call.
 - **Renew** (background, every ``renew_s``): each lease is resized to what recent local demand
-  needs: the peak of open requests over the last window plus headroom (a quarter of it, at most a
-  quarter of the limit), never below the requests open; a lease already that size is rewritten
+  needs: the peak of open requests over the last window plus headroom, never below the requests
+  open. The headroom is a quarter of that demand or, when larger, a quarter of the slots the fleet
+  left free at the last call (the limit minus the other gateways' leases minus this demand), at
+  most a quarter of the limit: far from the limit a gateway holds enough to absorb a burst
+  without a round trip (at 120-235 ms from Redis, a ramp of doubling calls made every request of
+  a burst wait; ``benchmarks/routing_quality.py --shared-state wan --front-door`` measured it),
+  and as the fleet nears the limit the headroom shrinks to a quarter of the demand; a lease already that size is rewritten
   only once a third of its ttl has passed. Idle slots thus go back to the fleet within two windows,
   and a live lease never expires. A lease not renewed for ``lease_ttl_s`` (its gateway
   died) expires in Redis and its slots are free again.
@@ -33,7 +38,8 @@ then skipped for ``retry_after_s``); (2) if this gateway cannot renew for longer
 that many more (only during such an outage, which is case 1). The price in the other direction: a
 gateway's unused slots (headroom, and slots released since the last renewal) are unavailable to
 the other gateways for up to two ``renew_s`` windows, so near the limit another gateway may refuse
-a request while that many slots sit idle here.
+a request while that many slots sit idle here (at most a quarter of what was free at the last
+call: with N gateways idle, (N / (N + 3)) of the free slots are leased as headroom).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from redis.exceptions import RedisError
 
 from routing.background import sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
-from routing.frontdoor.ratelimit import RedisBackoff
+from routing.frontdoor.ratelimit import RedisBackoff, warm
 
 logger = logging.getLogger("routing.concurrency")
 
@@ -88,12 +94,13 @@ return {held, others}
 class _Slots:
     """One key's slots at this gateway: requests open, slots leased, and the one call in flight."""
 
-    __slots__ = ("call", "held", "limit", "open", "peak", "valid_until", "waiting")
+    __slots__ = ("call", "held", "limit", "open", "others", "peak", "valid_until", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0  # requests open here
         self.held = 0  # slots leased (as Redis last confirmed, or less: a shrink counts at once)
+        self.others = 0  # slots the other gateways leased, at the last call
         self.valid_until = 0.0  # clock: the lease is not trusted past this without a renewal
         self.peak = 0  # most requests open at once since the last renewal
         self.waiting = 0  # requests waiting for the call in flight
@@ -127,6 +134,7 @@ class ConcurrencyLimiter:
         self.slots: dict[str, _Slots] = {}
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self.fallbacks = 0  # admissions decided by this gateway's own count: Redis unreachable
         self.calls = 0  # lease calls made (misses and renewals)
 
@@ -136,9 +144,19 @@ class ConcurrencyLimiter:
         return {key_id: slots.open for key_id, slots in self.slots.items()}
 
     def _wanted(self, slots: _Slots, need: int) -> int:
-        """Slots to ask for when ``need`` are needed now: recent demand plus headroom, within the limit."""
+        """Slots to ask for when ``need`` are needed now: recent demand plus headroom, within the limit.
+
+        The headroom: a share of the demand, or of the slots the fleet left free, the larger (see
+        the module's docstring); none for a key with no demand, so an idle key's lease goes back.
+        """
         demand = max(need, slots.peak)
-        headroom = min(math.ceil(demand * self._headroom_fraction), slots.limit // 4)
+        if demand == 0:
+            return 0
+        free = max(0, slots.limit - slots.others - demand)
+        headroom = min(
+            max(math.ceil(demand * self._headroom_fraction), math.floor(free * self._headroom_fraction)),
+            slots.limit // 4,
+        )
         return min(slots.limit, max(need, demand + headroom))
 
     def _take(self, slots: _Slots) -> bool:
@@ -213,7 +231,7 @@ class ConcurrencyLimiter:
     async def _call(self, key_id: str, slots: _Slots, wanted: int) -> int:
         self.calls += 1
         # The client's own socket timeouts bound this (routing.frontdoor.ratelimit.make_limiter_redis).
-        held, _others = await self._lease(
+        held, others = await self._lease(
             keys=[self._keys.concurrency(key_id)],
             args=[
                 self._gateway_id,
@@ -223,6 +241,7 @@ class ConcurrencyLimiter:
                 int(self._ttl_s * 1000),
             ],
         )
+        slots.others = int(others)
         return int(held)
 
     def release(self, key: ClientKeySpec) -> None:
@@ -234,10 +253,13 @@ class ConcurrencyLimiter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="gorgo-concurrency-leases")
+        self._warming = asyncio.create_task(warm(self._redis, self._lease), name="gorgo-concurrency-warm")
 
     async def close(self) -> None:
         """Give every slot back (a lease of what is still open, usually none)."""
         self._closing.set()
+        if self._warming is not None:
+            await stop_tasks([self._warming], grace_s=1.0)
         if self._task is not None:
             await stop_tasks([self._task], grace_s=self._renew_s + 1.0)
         for slots in self.slots.values():
@@ -268,8 +290,17 @@ class ConcurrencyLimiter:
                 if slots.open == 0 and slots.waiting == 0:
                     del self.slots[key_id]  # idle, nothing leased: forget it
                 continue
+            demand = max(slots.open, slots.peak)
             slots.peak = slots.open  # the next window starts from what is open now
-            if not final and wanted == slots.held and now < slots.valid_until - self._ttl_s * 2 / 3:
+            # Headroom taken from the free slots is sized on the other gateways' leases of the last
+            # call: such a lease is re-sized every renewal, so it shrinks within two as they grow.
+            from_free = wanted > min(slots.limit, demand + math.ceil(demand * self._headroom_fraction))
+            if (
+                not final
+                and not from_free
+                and wanted == slots.held
+                and now < slots.valid_until - self._ttl_s * 2 / 3
+            ):
                 continue  # the right size and written within a third of its ttl: no call needed
             slots.held = min(slots.held, wanted)  # a shrink counts here before Redis hears of it
             due.append((key_id, slots, wanted))

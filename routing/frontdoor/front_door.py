@@ -96,6 +96,8 @@ class FrontDoor:
                 self._metrics.auth_failure(exc.reason)
                 raise
         slot = key.max_concurrent is not None
+        if slot:
+            self.limiter.prefetch(key)  # a first rate lease comes during the slot's call, not after
         if slot and not await self.concurrency.acquire(key):
             self._metrics.rate_limited(key.id, CONCURRENCY)
             raise GatewayError(

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from routing.background import sleep_unless, stop_tasks
@@ -196,6 +197,20 @@ def make_limiter_redis(url: str, timeout_s: float) -> Redis:
     )
 
 
+async def warm(redis: Redis, *scripts: AsyncScript) -> None:
+    """Open a connection and load ``scripts`` before a request needs them (a background task at
+    start). With Redis a WAN round trip away a cold first call paid one more round trip to connect
+    (and two more for a script Redis did not hold): the routing benchmark's far gateways spent
+    three round trips on their first request (``--shared-state wan --front-door``)."""
+    try:
+        pipe = redis.pipeline(transaction=False)  # one round trip for all of them
+        for script in scripts:
+            pipe.script_load(script.script)
+        await pipe.execute()
+    except (RedisError, OSError, TimeoutError) as exc:
+        logger.debug("limits: could not warm the Redis connection (%s); the first call will", exc)
+
+
 class RedisBackoff:
     """After a failed Redis call, answer locally for ``retry_after_s`` so requests do not each pay
     a timeout; warn once per outage. Used by the rate and the concurrency limiters.
@@ -299,6 +314,7 @@ class RateLimiter:
         self._pending: dict[tuple[str, int], int] = {}  # (key id, tpm) -> tokens to give back
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._refills: set[asyncio.Task[None]] = set()  # background lease refills in flight
         self.fallbacks = 0  # checks answered locally because Redis was unreachable
 
@@ -323,6 +339,13 @@ class RateLimiter:
         if self._low(lease):
             self._refill_soon(key)
         return lease.headers(cost_tokens)
+
+    def prefetch(self, key: ClientKeySpec) -> None:
+        """Start taking ``key``'s first lease here in the background when there is none yet: the
+        front door calls it before it waits for a concurrency slot, so a key's first request at a
+        gateway waits one round trip for both instead of one after the other."""
+        if key.id not in self._leases and (key.requests_per_min or key.tokens_per_min):
+            self._refill_soon(key)
 
     def _low(self, lease: _Lease) -> bool:
         """Half of a lease's slice is spent: time to refill it before a request finds it empty."""
@@ -484,9 +507,14 @@ class RateLimiter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._settle_loop(), name="gorgo-ratelimit-settle")
+        self._warming = asyncio.create_task(
+            warm(self._redis, self._check, self._settle), name="gorgo-ratelimit-warm"
+        )
 
     async def close(self) -> None:
         self._closing.set()
+        if self._warming is not None:
+            await stop_tasks([self._warming], grace_s=1.0)
         if self._task is not None:
             await stop_tasks([self._task], grace_s=self._settle_interval_s + 1.0)
         if self._refills:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import PrefixIndex
@@ -55,7 +56,6 @@ class RequestOutcome:
             self._metrics.observe_request(
                 node.name if node is not None else NO_NODE, exchange.status, exchange.ttft_s, total_s
             )
-            table = exchange.table
             parsed = exchange.parsed
             usage = exchange.usage
             details = usage.prompt_tokens_details if usage is not None else None
@@ -64,7 +64,6 @@ class RequestOutcome:
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )
             prediction = exchange.prediction
-            shadow = exchange.shadow
             if node is not None and exchange.status == 200:
                 served = getattr(self._cache_index, "note_served", None)
                 if served is not None:
@@ -89,63 +88,77 @@ class RequestOutcome:
             ):
                 # The index counts its chunks in tokens: it follows the estimate's ratio.
                 self._cache_index.set_chars_per_token(self._chars_per_token.value)
-            key = exchange.key if exchange.key is not None else exchange.refused_key
-            record = RequestRecord(
-                schema_version=SCHEMA_VERSION,
-                request_id=exchange.request_id,
-                ts=exchange.ts,
-                gateway_region=self._region,
-                gateway_id=self._gateway_id,
-                model=parsed.model if parsed is not None else "",
-                status=exchange.status,
-                stream=exchange.stream,
-                node_id=node.id if node is not None else None,
-                node_region=node.region if node is not None else None,
-                algorithm=table.snapshot.policy.algorithm if table is not None else None,
-                policy_version=table.snapshot.version if table is not None else None,
-                prompt_chars=parsed.prompt_chars if parsed is not None else 0,
-                prompt_tokens_est=exchange.prompt_tokens_est,
-                prompt_tokens=usage.prompt_tokens if usage is not None else None,
-                cached_tokens=details.cached_tokens if details is not None else None,
-                completion_tokens=usage.completion_tokens if usage is not None else None,
-                routing_us=exchange.routing_s * 1e6,
-                gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
-                ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
-                total_ms=total_s * 1000,
-                bytes_out=exchange.bytes_out,
-                error=exchange.error,
-                cost=(
-                    shadow.live_cost
-                    if shadow is not None and shadow.live_cost is not None
-                    else decision.cost
-                    if decision is not None
-                    else None
-                ),
-                runner_up=decision.runner_up if decision is not None else None,
-                key_id=key.id if key is not None else None,
-                priority=key.priority if key is not None else None,
-                prefix_index_mode=prediction[1] if prediction is not None else None,
-                predicted_cached_tokens=prediction[2] if prediction is not None else None,
-                # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the
-                # decision path: the answer has been relayed by now.
-                prefix_hashes=(
-                    tuple(chunk_hashes(parsed.prompt_text)[:PREFIX_HASHES_MAX]) if parsed is not None else ()
-                ),
-                canary_id=exchange.canary_id,
-                arm=exchange.arm,
-                shadow_id=shadow.trial_id if shadow is not None else None,
-                shadow_node_id=shadow.node.id if shadow is not None and shadow.node is not None else None,
-                shadow_node_region=shadow.node.region
-                if shadow is not None and shadow.node is not None
-                else None,
-                shadow_cost=shadow.cost if shadow is not None else None,
-            )
-            self._request_log.submit(record)
             if exchange.span is not None:
                 assert self._tracing is not None
-                self._tracing.finish(exchange.span, record, node)
+                built = self._record(exchange, total_s)
+                self._request_log.submit(built)
+                self._tracing.finish(exchange.span, built, node)
+            else:
+                # Built after this event-loop turn, with the turn's other records: the connection
+                # is free for its next request sooner (routing.observability.request_log).
+                self._request_log.submit_later(partial(self._record, exchange, total_s))
         except Exception:
             logger.exception("could not record request %s", exchange.request_id)
+
+    def _record(self, exchange: Exchange, total_s: float) -> RequestRecord:
+        """The request's record for the stream (built off the request path, see ``finish``)."""
+        decision = exchange.decision
+        node = decision.node if decision is not None else None
+        table = exchange.table
+        parsed = exchange.parsed
+        usage = exchange.usage
+        details = usage.prompt_tokens_details if usage is not None else None
+        prediction = exchange.prediction
+        shadow = exchange.shadow
+        key = exchange.key if exchange.key is not None else exchange.refused_key
+        return RequestRecord(
+            schema_version=SCHEMA_VERSION,
+            request_id=exchange.request_id,
+            ts=exchange.ts,
+            gateway_region=self._region,
+            gateway_id=self._gateway_id,
+            model=parsed.model if parsed is not None else "",
+            status=exchange.status,
+            stream=exchange.stream,
+            node_id=node.id if node is not None else None,
+            node_region=node.region if node is not None else None,
+            algorithm=table.snapshot.policy.algorithm if table is not None else None,
+            policy_version=table.snapshot.version if table is not None else None,
+            prompt_chars=parsed.prompt_chars if parsed is not None else 0,
+            prompt_tokens_est=exchange.prompt_tokens_est,
+            prompt_tokens=usage.prompt_tokens if usage is not None else None,
+            cached_tokens=details.cached_tokens if details is not None else None,
+            completion_tokens=usage.completion_tokens if usage is not None else None,
+            routing_us=exchange.routing_s * 1e6,
+            gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
+            ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
+            total_ms=total_s * 1000,
+            bytes_out=exchange.bytes_out,
+            error=exchange.error,
+            cost=(
+                shadow.live_cost
+                if shadow is not None and shadow.live_cost is not None
+                else decision.cost
+                if decision is not None
+                else None
+            ),
+            runner_up=decision.runner_up if decision is not None else None,
+            key_id=key.id if key is not None else None,
+            priority=key.priority if key is not None else None,
+            prefix_index_mode=prediction[1] if prediction is not None else None,
+            predicted_cached_tokens=prediction[2] if prediction is not None else None,
+            # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the
+            # decision path: the answer has been relayed by now.
+            prefix_hashes=(
+                tuple(chunk_hashes(parsed.prompt_text)[:PREFIX_HASHES_MAX]) if parsed is not None else ()
+            ),
+            canary_id=exchange.canary_id,
+            arm=exchange.arm,
+            shadow_id=shadow.trial_id if shadow is not None else None,
+            shadow_node_id=shadow.node.id if shadow is not None and shadow.node is not None else None,
+            shadow_node_region=shadow.node.region if shadow is not None and shadow.node is not None else None,
+            shadow_cost=shadow.cost if shadow is not None else None,
+        )
 
     def _observe_cache(
         self,

@@ -13,7 +13,7 @@ bookkeeping or the network: the shadow serves nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from routing.algorithms import gorgo
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
@@ -23,9 +23,11 @@ from routing.state.trials import TrialRoute
 _PRICING_PARAMS = GorgoParams()
 
 
-@dataclass(frozen=True, slots=True)
-class ShadowOutcome:
-    """What the shadow would have done, and the live decision's terms when its algorithm gave none."""
+class ShadowOutcome(msgspec.Struct, frozen=True):
+    """What the shadow would have done, and the live decision's terms when its algorithm gave none.
+
+    A struct, not a frozen dataclass: one is built per request, and msgspec builds it in C.
+    """
 
     trial_id: int
     node: NodeSpec | None  # None: the shadow has no eligible node for the model
@@ -58,21 +60,34 @@ def decide_with_shadow(
 def shadow_decision(
     shadow: TrialRoute, view: RoutingView, request: RoutingRequest, live: Decision
 ) -> ShadowOutcome:
-    """The shadow's choice on ``view`` (the live decision's view), priced like the live one."""
+    """The shadow's choice on ``view`` (the live decision's view), priced like the live one.
+
+    The issue's budget is 10 us a request, so no second ``RoutingView`` unless the shadow needs
+    one (other candidates, or parameters its algorithm reads), gorgo without the runner-up the
+    shadow does not log, and pricing through ``gorgo.price`` (one node, no view).
+    """
     live_cost = None if _priced(live) else price(view, request, live.node)
     candidates = view.candidates if shadow.same_guards else shadow.candidates.get(request.model)
     if not candidates:
         return ShadowOutcome(shadow.id, None, None, live_cost)
-    shadow_view = _beside(view, candidates, shadow.params)
-    decision = shadow.algorithm.choose(shadow_view, request)
-    cost = decision.cost if _priced(decision) else price(shadow_view, request, decision.node)
+    params = shadow.params
+    if isinstance(params, GorgoParams):
+        shadow_view = view if candidates is view.candidates else _beside(view, candidates, params)
+        decision = gorgo.choose_with(shadow_view, request, params, runner_up=False)
+        return ShadowOutcome(shadow.id, decision.node, decision.cost, live_cost)
+    # Round robin and least load have no parameters: they decide on the live view as it is.
+    if params.__struct_fields__ or candidates is not view.candidates:
+        view = _beside(view, candidates, params)
+    decision = shadow.algorithm.choose(view, request)
+    cost = decision.cost if _priced(decision) else gorgo.price(view, request, decision.node, _PRICING_PARAMS)
     return ShadowOutcome(shadow.id, decision.node, cost, live_cost)
 
 
-def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTerms | None:
-    """The GORGO cost model's terms (rtt, queue, prefill) for ``node`` on ``view``."""
+def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTerms:
+    """The GORGO cost model's terms (rtt, queue, prefill) for ``node`` on ``view``: under the
+    view's parameters when they are gorgo's, else under gorgo's defaults."""
     params = view.params if isinstance(view.params, GorgoParams) else _PRICING_PARAMS
-    return gorgo.choose(_beside(view, (node,), params), request).cost
+    return gorgo.price(view, request, node, params)
 
 
 def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: AlgorithmParams) -> RoutingView:

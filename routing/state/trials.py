@@ -46,7 +46,7 @@ class TrialRoute:
     threshold: int  # canary: a session whose hash is below this is in the canary
     salt_crc: int  # the salt's crc32: the hash of a key continues from it
     same_guards: bool  # its residency, maximum RTT and model scope are the live policy's
-    reweighs: bool = False  # gorgo beside gorgo, same guards and default RTT: only the weights differ
+    reweighs: bool = False  # gorgo beside gorgo, same guards: the same per-node terms, weighed again
 
     @property
     def id(self) -> int:
@@ -94,8 +94,7 @@ def load_trial(
         same_guards=same_guards,
         reweighs=same_guards
         and isinstance(spec.policy.params, GorgoParams)
-        and isinstance(live_params, GorgoParams)
-        and spec.policy.params.default_rtt_ms == live_params.default_rtt_ms,
+        and isinstance(live_params, GorgoParams),
     )
 
 

@@ -148,6 +148,25 @@
   if (!list || !data || !window.Gorgo) return;
   const experiments = new Map();
   JSON.parse(data.textContent).forEach((e) => experiments.set(e.id, e));
+  // Stop and promote go through the API (the same permission check, audit and version history
+  // as a script's call); only an operator who may publish gets the buttons.
+  const panel = document.getElementById("experiments");
+  const canAct = panel && panel.hasAttribute("data-can-publish");
+  const errors = new Map(); // experiment id -> the last failed step's message, kept across redraws
+  const ACTIONS = {
+    stop: {
+      label: "Stop",
+      css: "btn btn-small btn-warn",
+      confirm: (e) => (e.kind === "shadow"
+        ? `Stop shadow #${e.id}? The gateways stop computing its decisions; the live policy is unchanged.`
+        : `Stop canary #${e.id}? Its share of sessions goes back to the live policy.`),
+    },
+    promote: {
+      label: "Promote to live",
+      css: "btn btn-small btn-primary",
+      confirm: (e) => `Promote ${e.kind} #${e.id}? Its policy is published as the live policy on every gateway, for all traffic.`,
+    },
+  };
 
   const ms = (v) => (v === null || v === undefined ? "–" : `${Math.round(v)} ms`);
   const pct = (v) => (v === null || v === undefined ? "–" : `${(100 * v).toFixed(1)} %`);
@@ -208,9 +227,67 @@
       title.textContent = `${e.kind} #${e.id}${e.share_percent ? ` on ${e.share_percent} % of sessions` : ""}: ${e.status.replace("_", " ")}`;
       box.appendChild(title);
       if (e.end_note) { const note = document.createElement("p"); note.className = "small muted"; note.textContent = e.end_note; box.appendChild(note); }
+      if (canAct && e.status === "running") box.appendChild(actions(e));
+      if (errors.has(e.id)) {
+        const error = document.createElement("p");
+        error.className = "small bad experiment-error";
+        error.setAttribute("role", "alert");
+        error.dataset.testid = "experiment-error";
+        error.textContent = errors.get(e.id);
+        box.appendChild(error);
+      }
       box.appendChild(e.kind === "shadow" ? shadowTable(e) : canaryTable(e));
       list.appendChild(box);
     });
+  }
+
+  function actions(e) {
+    const bar = document.createElement("div");
+    bar.className = "experiment-actions";
+    Object.entries(ACTIONS).forEach(([name, action]) => {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = action.css;
+      button.textContent = action.label;
+      button.dataset.testid = `experiment-${name}`;
+      button.addEventListener("click", () => act(e, name, bar));
+      bar.appendChild(button);
+    });
+    return bar;
+  }
+
+  function failure(body, status) {
+    if (body && body.detail) return body.detail;
+    if (body && typeof body === "object") return Object.entries(body).map(([k, v]) => `${k}: ${[].concat(v).join(" ")}`).join("; ");
+    return `the server answered ${status}`;
+  }
+
+  async function act(e, name, bar) {
+    if (!window.confirm(ACTIONS[name].confirm(e))) return;
+    bar.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+    try {
+      const response = await fetch(`${panel.dataset.api}${e.id}/${name}/`, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: {
+          "Content-Type": "application/json",
+          Accept: "application/json",
+          "X-CSRFToken": panel.querySelector("[name=csrfmiddlewaretoken]").value,
+        },
+        body: "{}",
+      });
+      const body = await response.json().catch(() => null);
+      if (response.ok) {
+        errors.delete(e.id);
+        // The push (policy.experiment) brings the same; this shows it without waiting for it.
+        experiments.set(e.id, { ...experiments.get(e.id), status: body.status, end_note: body.end_note || "" });
+      } else {
+        errors.set(e.id, `Could not ${name} ${e.kind} #${e.id}: ${failure(body, response.status)}`);
+      }
+    } catch (error) {
+      errors.set(e.id, `Could not ${name} ${e.kind} #${e.id}: ${error.message}`);
+    }
+    render();
   }
 
   render();

@@ -3,6 +3,8 @@
 The experiments are started through the policies layer (what the API calls) in a ``manage.py shell``
 of the server's own database; their figures are what the workers' tick saves, and each save pushes
 a ``policy.experiment`` message through the channel layer, which the open page must apply live.
+The page's stop and promote buttons go through the API (its permission check and audit: one code
+path), confirmed first; what they did is read back from the API.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ shadow.figures = {"regions": {"ap-south": {"shadow": {
     "shadow_predicted_p50_ms": 260.0, "shadow_predicted_p99_ms": 900.0}}}}
 shadow.save()
 print(draft.pk, shadow.pk, canary.pk)
+"""
+
+# Another operator ended it and this page missed the push (a queryset update sends none).
+SET_STATUS = """
+from controlplane.policies.models import PolicyExperiment
+PolicyExperiment.objects.filter(pk={pk}).update(status="{status}")
 """
 
 # What a worker's tick saves for the canary: 12 answered requests each side, so not decided yet.
@@ -87,3 +95,48 @@ def test_the_policy_page_shows_shadow_figures_and_follows_a_canary_live(
     assert low.startswith("+200.0 ms [+")  # the always-valid interval, above the margin
     assert page.evaluate("window.__notReloaded") is True
     operator_session.shot(artifacts, "policy-experiments")
+
+    # Stop the shadow from the page: nothing happens until the operator confirms.
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    shadow.locator("[data-testid=experiment-stop]").click()
+    assert shadow.get_attribute("data-status") == "running"
+    messages: list[str] = []
+    page.once("dialog", lambda dialog: (messages.append(dialog.message), dialog.accept()))
+    shadow.locator("[data-testid=experiment-stop]").click()
+    page.locator(f'[data-experiment-id="{shadow_id}"][data-status="stopped"]').wait_for(timeout=10_000)
+    assert messages and messages[0].startswith(f"Stop shadow #{shadow_id}?")
+    assert shadow.locator("[data-testid=experiment-stop]").count() == 0  # nothing left to stop
+    stopped = api_get(page, server, shadow_id)
+    assert (stopped["status"], stopped["ended_version"] is not None) == ("stopped", True)
+
+    # Promoting a canary that was stopped elsewhere: the API's 409, said on the page.
+    server.manage("shell", "-c", SET_STATUS.format(pk=canary_id, status="stopped"))
+    page.once("dialog", lambda dialog: dialog.accept())
+    canary.locator("[data-testid=experiment-promote]").click()
+    error = canary.locator("[data-testid=experiment-error]")
+    error.wait_for(timeout=10_000)
+    assert error.inner_text() == (
+        f"Could not promote canary #{canary_id}: "
+        f"Canary #{canary_id} (no-rtt draft at 10 %) is not running (it is stopped)."
+    )
+    server.manage("shell", "-c", SET_STATUS.format(pk=canary_id, status="running"))
+
+    # Promote it: the trial is published as the live policy, and the experiment ends in that version.
+    page.once("dialog", lambda dialog: dialog.accept())
+    canary.locator("[data-testid=experiment-promote]").click()
+    page.locator(f'[data-experiment-id="{canary_id}"][data-status="promoted"]').wait_for(timeout=10_000)
+    assert canary.locator("[data-testid=experiment-error]").count() == 0
+    promoted = api_get(page, server, canary_id)
+    assert (promoted["status"], promoted["ended_version"] is not None) == ("promoted", True)
+
+    # Usable at 1,024 px: nothing wider than the window.
+    page.set_viewport_size({"width": 1024, "height": 800})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024
+    operator_session.shot(artifacts, "policy-experiments-ended")
+
+
+def api_get(page, server: DashboardServer, experiment_id: str) -> dict:
+    """The experiment as the API shows it, asked with the page's session."""
+    response = page.request.get(f"{server.url}/api/v1/policy-experiments/{experiment_id}/")
+    assert response.ok, response.text()
+    return response.json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -63,3 +64,53 @@ class TestRequestLog:
         await log.close(timeout_s=0.5)
         assert (log.pending, log.dropped, log.written) == (0, 5, 0)
         await client.aclose()
+
+    async def test_it_builds_deferred_records_after_the_event_loop_turn(self, redis_url, redis_keys):
+        client = make_redis(redis_url)
+        log = RequestLog(client, redis_keys, maxlen=1000, pending_max=100, flush_interval_s=0.01)
+        built: list[int] = []
+
+        def builder(index: int):
+            def build() -> RequestRecord:
+                built.append(index)
+                return record(index)
+
+            return build
+
+        for index in range(3):
+            log.submit_later(builder(index))
+        assert (built, log.pending) == ([], 3)  # nothing built on the request path
+        await asyncio.sleep(0)  # the next turn builds the whole batch at once
+        assert built == [0, 1, 2]
+        log.submit_later(builder(3))
+        await log.flush()  # a flush builds what the current turn left unbuilt
+        entries = await client.xrange(redis_keys.request_stream)
+        await client.aclose()
+        assert [decode(fields[b"r"], RequestRecord).request_id for _, fields in entries] == [
+            f"req-{index}" for index in range(4)
+        ]
+        assert (log.written, log.dropped, log.pending) == (4, 0, 0)
+
+    async def test_a_full_queue_refuses_builders_unbuilt_and_a_failing_one_is_counted(self, redis_keys):
+        dead_url = f"redis://127.0.0.1:{free_port()}/0"
+        client = make_redis(dead_url)
+        log = RequestLog(client, redis_keys, maxlen=10, pending_max=3, flush_interval_s=0.01)
+        calls: list[int] = []
+
+        def build_ok() -> RequestRecord:
+            calls.append(1)
+            return record(len(calls))
+
+        def build_broken() -> RequestRecord:
+            raise ValueError("broken record")
+
+        log.submit(record(0))
+        log.submit_later(build_broken)
+        log.submit_later(build_ok)
+        log.submit_later(build_ok)  # the queue holds 3: refused before it is ever built
+        assert (log.pending, log.dropped) == (3, 1)
+        await asyncio.sleep(0)
+        assert (calls, log.pending, log.dropped) == ([1], 2, 2)
+        await log.close(timeout_s=0.5)
+        await client.aclose()
+        assert (log.pending, log.dropped, log.written) == (0, 4, 0)

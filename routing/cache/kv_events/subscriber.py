@@ -6,7 +6,8 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
 
 - ``precise`` while its SUB socket is connected, its sequence is in order and its events are
   fresh (lag under ``MAX_LAG_S``). With a replay endpoint, from when the replay of what the node
-  already holds is done; without one, from the connection (blocks stored before it stay unknown:
+  already holds is done (not while it is under way: its first batch alone would make a partial
+  index look whole); without one, from the connection (blocks stored before it stay unknown:
   an under-estimate);
 - ``approximate`` otherwise: before the first connection, while disconnected (the node may be
   restarting), for ``RESYNC_S`` after a sequence gap that replay could not fill (the index then
@@ -148,6 +149,7 @@ class NodeSubscriber:
         self._stopping = False
         self._silent_logged = False
         self._publisher_gone = False  # the relay said the node's vLLM disconnected
+        self._replaying = False  # a replay is applying batches: the index is not yet whole
 
     # ---- mode ---------------------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class NodeSubscriber:
         stats = self.stats
         if not stats.connected or now_s < self._resync_until or self._publisher_gone or self.silent(now_s):
             return "approximate"
-        if self._expected is None and self.source.replay_endpoint:
+        if self._replaying or (self._expected is None and self.source.replay_endpoint):
             return "approximate"  # the replay of what it already holds is not done yet
         if stats.last_lag_s is not None and stats.last_lag_s > MAX_LAG_S:
             return "approximate"
@@ -353,6 +355,7 @@ class NodeSubscriber:
         back to it. From 0, whatever the buffer holds is the best there is: True.
         """
         self.stats.replays += 1
+        self._replaying = True
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.source.replay_endpoint or "")
@@ -386,4 +389,5 @@ class NodeSubscriber:
                 if self._expected is None or seq >= self._expected:
                     self._apply(seq, frames[-1])
         finally:
+            self._replaying = False
             dealer.close(linger=0)

@@ -1,0 +1,141 @@
+"""Decisions and front-door verdicts over a seeded battery of inputs, printed as JSON.
+
+Run twice by tests/routing/test_native.py, once over the compiled modules and once with
+``GORGO_PURE_PYTHON=1``: the two outputs must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from routing import native
+from routing.algorithms import REGISTRY
+from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
+from routing.contract import (
+    SCHEMA_VERSION,
+    ClientKeySpec,
+    GorgoParams,
+    LeastLoadParams,
+    NodeLiveState,
+    PrefixAffinityParams,
+    RedisKeys,
+    RoundRobinParams,
+    SessionAffinityParams,
+)
+from routing.frontdoor.auth import AuthError, authenticate, authorize, presented_secret
+from routing.frontdoor.keystore import KeyStore, secret_hash
+from simulator.snapshots import make_node
+
+REGIONS = ("us-east", "eu-west", "ap-south")
+PARAMS = (
+    RoundRobinParams(),
+    LeastLoadParams(),
+    SessionAffinityParams(),
+    PrefixAffinityParams(),
+    PrefixAffinityParams(scope="local", cache_threshold=0.1),
+    GorgoParams(),
+    GorgoParams(w_rtt=0.2, w_queue=3.0, w_displacement=0.0),
+)
+
+
+def _terms(terms: object) -> object:
+    return None if terms is None else [getattr(terms, field) for field in terms.__struct_fields__]
+
+
+def decisions(rng: random.Random, views: int) -> list[object]:
+    out: list[object] = []
+    for case in range(views):
+        count = rng.choice((1, 2, 3, 5, 16, 64))
+        nodes = tuple(
+            make_node(
+                node_id,
+                f"http://127.0.0.1:{9000 + node_id}",
+                region=rng.choice(REGIONS),
+                max_num_seqs=rng.choice((0, 1, 8, 256)),
+                prefill_tokens_per_s=rng.choice((500.0, 10_000.0, 40_000.0)),
+                kv_capacity_tokens=rng.choice((10_000, 500_000)),
+            )
+            for node_id in range(1, count + 1)
+        )
+        load = {
+            node.id: NodeLoad(rng.randint(0, 300), rng.randint(0, 200_000))
+            for node in nodes
+            if rng.random() < 0.8
+        }
+        rtt_ms = {node.id: rng.uniform(0.1, 300.0) for node in nodes if rng.random() < 0.9}
+        live = {
+            node.id: NodeLiveState(
+                SCHEMA_VERSION,
+                node.id,
+                True,
+                1.7e9,
+                num_running=rng.choice((None, 0.0, 12.0, 300.0)),
+                num_waiting=rng.choice((None, 0.0, 5.0)),
+                kv_cache_usage=rng.random(),
+            )
+            for node in nodes
+            if rng.random() < 0.5
+        }
+        # Ties on purpose: equal prefixes and equal loads exercise the tie-spreading draws.
+        matched = {node.id: rng.choice((0, 512, 4096, 4096)) for node in nodes if rng.random() < 0.4}
+        prompt_chars = rng.choice((10, 4_000, 64_000))
+        request = RoutingRequest(
+            "m", prompt_chars, prompt_chars // 4, rng.choice((None, "s1", f"user-{case}"))
+        )
+        for params in PARAMS:
+            view = RoutingView(
+                rng.choice(REGIONS), nodes, params, load, rtt_ms, live, matched, case, f"gw-{case % 3}"
+            )
+            decision = REGISTRY[type(params).__struct_config__.tag].choose(view, request)
+            out.append([decision.node.id, _terms(decision.cost), _terms(decision.runner_up)])
+    return out
+
+
+def verdicts() -> list[object]:
+    keys = [
+        ClientKeySpec(id="ok", secret_sha256=secret_hash("gorgo-sk-ok-1"), owner="a"),
+        ClientKeySpec(
+            id="scoped",
+            secret_sha256=secret_hash("gorgo-sk-scoped-1"),
+            owner="a",
+            models=("m",),
+            regions=("eu-west",),
+        ),
+        ClientKeySpec(id="gone", secret_sha256=secret_hash("gorgo-sk-gone-1"), owner="a", revoked=True),
+        ClientKeySpec(id="old", secret_sha256=secret_hash("gorgo-sk-old-1"), owner="a", expires_at=100.0),
+    ]
+    store = KeyStore(None, RedisKeys(prefix="battery"))  # type: ignore[arg-type]  # no Redis: lookups only
+    store.by_hash = {key.secret_sha256: key for key in keys}
+    out: list[object] = []
+    presented = [
+        (None, None),
+        (b"Bearer gorgo-sk-ok-1", None),
+        (b"bearer   gorgo-sk-ok-1 ", None),
+        (None, b"gorgo-sk-scoped-1"),
+        (b"Bearer gorgo-sk-gone-1", None),
+        (b"Bearer gorgo-sk-old-1", None),
+        (b"Bearer nope", None),
+        (b"Basic abc", None),
+        (b"Bearer ", b""),
+    ]
+    for authorization, api_key in presented:
+        secret = presented_secret(authorization, api_key)
+        for model, region in (("m", "eu-west"), ("x", "eu-west"), ("m", "us-east")):
+            try:
+                key = authenticate(store, secret, 1_000.0)
+                authorize(key, model, region)
+                out.append(["ok", key.id])
+            except AuthError as exc:
+                out.append([exc.status, exc.reason, str(exc)])
+    return out
+
+
+def main() -> None:
+    rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 25)
+    print(json.dumps({"loaded": native.loaded(), "decisions": decisions(rng, 150), "verdicts": verdicts()}))
+
+
+if __name__ == "__main__":
+    main()
