@@ -146,6 +146,9 @@ class Gateway:
         self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
+        # Outstanding work per node (this gateway's, plus its peers' once sharing runs); told where
+        # the nodes are at each snapshot, so it can count a node's own region's requests.
+        self.inflight = InFlight(config.region)
         self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
         self.client_stats = ClientStats()  # the client side's connections and refusals, for /metrics
@@ -182,14 +185,19 @@ class Gateway:
             pending_max=config.request_log_pending_max,
             flush_interval_s=config.request_log_flush_interval_s,
         )
-        inflight = InFlight()
+        inflight = self.inflight
         sharing = GatewaySharing(
             redis,
             keys,
             gateway_id=config.gateway_id,
             region=config.region,
             index=self.prefix_index,
-            load_source=lambda: (inflight.outstanding_requests(), inflight.outstanding_prefill_tokens()),
+            load_source=lambda: (
+                inflight.outstanding_requests(),
+                inflight.outstanding_prefill_tokens(),
+                inflight.home_requests(),
+                inflight.outstanding_context_tokens(),
+            ),
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
@@ -337,6 +345,7 @@ class Gateway:
         """A new snapshot: resize the index, load tokenizers, (re)subscribe to KV events."""
         _resize_index(self.index, table, self.chars_per_token)
         snapshot = table.snapshot
+        self.inflight.set_node_regions({node.id: node.region for node in snapshot.nodes})
         files = {model.name: tokenizer_files(model) for model in snapshot.models}
         self.tokenizers.sync(
             {name: paths for name, paths in files.items() if paths is not None},

@@ -617,6 +617,11 @@ class GatewayLoad(msgspec.Struct, frozen=True):
     updated_at: float
     outstanding_requests: dict[int, int]
     outstanding_prefill_tokens: dict[int, int]
+    # of outstanding_requests, those on nodes in this gateway's own region (gorgo's displacement
+    # counts a region's own arrivals); absent from older gateways: read as none
+    home_requests: dict[int, int] = {}
+    # prompt tokens of the outstanding requests (the KV cache they hold until done); absent: none
+    outstanding_context_tokens: dict[int, int] = {}
 
 
 class NodeKVState(msgspec.Struct, frozen=True):

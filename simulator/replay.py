@@ -14,8 +14,8 @@ processes or wall-clock waits:
 - **The gateways** are the real routing code, called as the gateway calls it: eligibility
   (``routing.state.eligibility``), the policy's algorithm over a ``RoutingView`` (pure function), the
   approximate prefix index fed with the request's recorded prefix-hash chain
-  (``RequestRecord.prefix_hashes``), and the in-flight book (``routing.state.inflight``). One book and one
-  index serve every region: gateways share both in production (``routing.sharing``); here sharing
+  (``RequestRecord.prefix_hashes``), and the in-flight book (``routing.state.inflight``, each
+  request counted under its gateway's region). One book and one index serve every region: gateways share both in production (``routing.sharing``); here sharing
   is instant, which is the replay's main optimism.
 - **A request** leaves its gateway ``gateway_ms`` after arrival (as recorded), reaches the node
   half a round trip later (RTT from the table telemetry measured), and its first token reaches the
@@ -453,6 +453,7 @@ class _Replay:
             self.rtt_by_region.setdefault(region, {})[node_id] = value
         self.nodes = {node.id: node for node in snapshot.nodes}
         self.inflight = InFlight()
+        self.inflight.set_node_regions({node.id: node.region for node in snapshot.nodes})
         self.index = ApproxPrefixIndex(clock=lambda: 0.0)  # every call passes its own time
         self.index.sync_nodes(snapshot.nodes)
         self.tokens_per_chunk = tokens_per_chunk_of(requests)
@@ -572,7 +573,7 @@ class _Replay:
         prefill_tokens = (
             cost.uncached_tokens if cost is not None and cost.node_id == node.id else request.prompt_tokens
         )
-        lease = self.inflight.begin(node.id, prefill_tokens)
+        lease = self.inflight.begin(node.id, prefill_tokens, region)
         rtt_ms = self._rtt(region, node.id)
         predicted = cost.total_ms if cost is not None and cost.node_id == node.id else None
         sent_s = now + request.gateway_ms / 1000.0

@@ -26,6 +26,12 @@ class NodeLoad:
     outstanding_requests: int = 0
     # prompt tokens sent but not yet at first token (prefill still to do)
     outstanding_prefill_tokens: int = 0
+    # of outstanding_requests, those sent by gateways in the node's own region (its own clients'):
+    # the arrivals a forward from another region would make wait (gorgo's displacement)
+    home_requests: int = 0
+    # prompt tokens the outstanding requests computed (or will compute) there, until they finish:
+    # the KV cache they hold while they decode (gorgo's queue waits when a prompt does not fit)
+    outstanding_context_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,18 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
     prefill_ms(n) = uncached_tokens(n) / prefill_tokens_per_s(n) * 1000
     uncached_tokens(n) = prompt_tokens_est - matched_tokens(n)
     queue_ms(n) = (outstanding_prefill_tokens(n) * (1 + s(n)) + uncached_tokens(n) * s(n))
-                  / prefill_tokens_per_s(n) * 1000
+                  / prefill_tokens_per_s(n) * 1000 + kv_wait_ms(n)
     s(n) = DECODE_SLOWDOWN_AT_FULL_BATCH * running(n) / max_num_seqs(n)
 
 - ``rtt_ms``: the measured round trip from this gateway's region (``params.default_rtt_ms`` when
   there is no measurement yet). One round trip: the request goes out, the first token comes back.
 - ``outstanding_prefill_tokens``: prompt tokens this gateway and its peers sent to n that have not
   produced a first token yet (prefill still ahead of a new request in vLLM's FCFS queue).
+- ``kv_wait_ms`` (in the queue term): when this prompt's uncached tokens do not fit in n's KV cache
+  (``kv_capacity_tokens``) beside the prompt tokens its outstanding requests hold until they finish
+  (``outstanding_context_tokens``), vLLM admits it only as they free blocks: the excess over the
+  rate they drain at (held tokens per ``RESIDENCE_MS``). Long answers keep a node's cache full
+  while its prefill queue is empty; without this term such a node looked idle (mixed-length).
 - ``running``: sequences on n: the larger of the requests the gateways have outstanding there and
   the node's scraped ``num_running + num_waiting`` (traffic that did not come through gorgo).
   Every running sequence takes a slice of each engine step, so prefill runs slower on a busy node;
@@ -20,9 +25,18 @@ For every candidate node n (docs/routing.md has the derivation and the defaults)
 - ``matched_tokens``: what the prefix index believes n holds of this prompt.
 - ``displacement_ms`` (coordinated overflow; ``w_displacement = 0`` is greedy): 0 for the
   gateway's own region; for a node in another region, the wait this request adds for that
-  region's own requests arriving while it holds the node: their rate (Little's law: the requests
-  outstanding there over ``RESIDENCE_MS``) times its time there (queue + prefill) times what each
-  waits (half its prefill, or all of it when it joins a queue). An imported request is usually a
+  region's own requests arriving while it holds the node, *beyond* the wait it would add for its
+  own region's requests by staying at home (it is priced only when a forward costs the receiving
+  region more than staying costs the sender's: an overloaded region's overflow displaces its own
+  clients wherever it waits, so holding it at home protects nobody and only lengthens its tail).
+  At a node, that wait is the node's own region's arrival rate times this request's time there
+  (queue + prefill) times what each waits (half its prefill, or all of it when it joins a queue).
+  The rate is Little's law over the requests of the node's own region outstanding there
+  (``NodeLoad.home_requests``; imported requests are not that region's arrivals) and the time a
+  request actually stays (``RESIDENCE_MS`` of decoding + the node's queue + prefill). The
+  measurements (docs/routing.md): counting imports and a fixed residence priced a forward by the
+  square of the receiving queue, and no home price kept an overloaded region's overflow at home;
+  both put the diurnal workload's p99 at twice the greedy policy's. An imported request is usually a
   cache miss there (another region's prompts), so its prefill is long and the receiving region's
   cheap cache hits queue behind it; docs/routing.md has the measurements.
 
@@ -72,8 +86,9 @@ HOT_LOAD_FACTOR = 2.0
 HOT_LOAD_SLACK_REQUESTS = 4
 TIE_BAND_REL = 0.05
 TIE_BAND_MS = 2.0
-# How long a request stays on a node (prefill, then decoding ~128 tokens at ~7 ms a step): turns
-# the requests outstanding there into their arrival rate (Little's law) for the displacement term.
+# How long a request decodes on a node (~128 tokens at ~7 ms a step); with the node's queue and its
+# prefill, how long it stays there: turns the requests outstanding there into their arrival rate
+# (Little's law) for the displacement term.
 RESIDENCE_MS = 1000.0
 
 _DEFAULT_PARAMS = GorgoParams()
@@ -271,13 +286,15 @@ def _evaluate(
     rows: list[_Row] = []
     add_total = totals.append
     add_row = rows.append
-    for node, node_id, region, slot, ms_per_token, max_seqs, capacity in fleet.nodes:
+    for node, node_id, _region, slot, ms_per_token, max_seqs, capacity in fleet.nodes:
         load = load_of(node_id)
         if load is None:
-            requests = prefill_tokens = 0
+            requests = prefill_tokens = own_requests = held_tokens = 0
         else:
             requests = load.outstanding_requests
             prefill_tokens = load.outstanding_prefill_tokens
+            own_requests = load.home_requests
+            held_tokens = load.outstanding_context_tokens
         running = float(requests)  # a float: scraped counts may replace it
         if live_of is not None:
             live = live_of(node_id)
@@ -305,14 +322,21 @@ def _evaluate(
 
         slowdown = DECODE_SLOWDOWN_AT_FULL_BATCH * running / max_seqs
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
+        kv_excess = held_tokens + uncached - node.kv_capacity_tokens
+        if kv_excess > 0 and held_tokens:
+            # The prompt does not fit beside what the outstanding requests hold: vLLM admits it
+            # only as they finish and free their blocks, each after about a residence, so the
+            # held tokens drain at held / RESIDENCE_MS per ms.
+            queue_ms += kv_excess * RESIDENCE_MS / held_tokens
         prefill_ms = uncached * ms_per_token
         rtt_ms = rtt_of(node_id, default_rtt_ms)
         displacement_factor = 0.0
-        if with_factor and requests and region != home:
-            # The region's own requests that arrive while this one holds the node (Little: the
-            # requests there now over how long one stays), each waiting for half its prefill or
-            # for all of it when it joins a queue.
-            arrivals_per_ms = requests / RESIDENCE_MS
+        if with_factor and own_requests:
+            # The node's own region's requests that arrive while this one holds the node (Little:
+            # theirs there now over how long one stays there, its queue included), each waiting
+            # for half its prefill or for all of it when it joins a queue. At home too: staying
+            # is the alternative a forward is priced against (below).
+            arrivals_per_ms = own_requests / (RESIDENCE_MS + queue_ms + prefill_ms)
             displacement_factor = (
                 arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
             )
@@ -331,7 +355,44 @@ def _evaluate(
                 displacement_factor,
             )
         )
+    if with_factor:
+        _net_of_staying(totals, rows, home, w_displacement)
     return totals, rows, full
+
+
+def _net_of_staying(totals: list[float], rows: list[_Row], home: str, w_displacement: float) -> None:
+    """Each forward's displacement beyond what staying at home displaces; none at home (in place).
+
+    Staying costs the home region's own later arrivals the least any home node's factor says; a
+    forward is charged only what it displaces above that (never a credit: a forward that
+    displaces less than staying is left to the RTT, queue and prefill terms, as greedy routing
+    would). With no home candidate (an outage) every option is a forward and pays its whole factor.
+    """
+    staying = -1.0
+    for row in rows:
+        if row[_NODE].region == home and (staying < 0.0 or row[_DISPLACEMENT_FACTOR] < staying):
+            staying = row[_DISPLACEMENT_FACTOR]
+    if staying < 0.0:
+        return
+    for index, row in enumerate(rows):
+        raw = row[_DISPLACEMENT_FACTOR]
+        if not raw:
+            continue
+        factor = 0.0 if row[_NODE].region == home else max(0.0, raw - staying)
+        totals[index] += w_displacement * (factor - raw)
+        requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, _ = row
+        rows[index] = (
+            requests,
+            prefill_tokens,
+            full,
+            node,
+            rtt_ms,
+            queue_ms,
+            prefill_ms,
+            matched,
+            uncached,
+            factor,
+        )
 
 
 def _decide(

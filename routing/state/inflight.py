@@ -2,7 +2,10 @@
 
 Outstanding work per node feeds ``least_load`` and the queue terms of cost-based algorithms. A
 request counts toward its node's outstanding prefill tokens until the first byte comes back (the
-node has finished prefill by then) and toward outstanding requests until it is done.
+node has finished prefill by then), toward outstanding requests and context tokens (the KV cache
+its prompt holds while it decodes) until it is done; toward the
+node's home requests too when its client is in the node's region (the gateway's region, or the
+``client_region`` given), once ``set_node_regions`` said where the nodes are.
 (Nodes that fail are kept out by ``routing.resilience.breaker``.)
 """
 
@@ -16,46 +19,72 @@ from routing.algorithms.base import NodeLoad
 class Lease:
     """One request's claim on a node; ``first_byte`` and ``release`` are idempotent."""
 
-    __slots__ = ("_book", "_open", "_prefill_open", "node_id", "prefill_tokens")
+    __slots__ = ("_book", "_home", "_open", "_prefill_open", "node_id", "prefill_tokens")
 
-    def __init__(self, book: InFlight, node_id: int, prefill_tokens: int) -> None:
+    def __init__(self, book: InFlight, node_id: int, prefill_tokens: int, home: int) -> None:
         self._book = book
         self.node_id = node_id
         self.prefill_tokens = prefill_tokens
+        self._home = home  # 1 when the client is in the node's region
         self._prefill_open = True
         self._open = True
 
     def first_byte(self) -> None:
         if self._prefill_open:
             self._prefill_open = False
-            self._book._add(self.node_id, 0, -self.prefill_tokens)
+            self._book._add(self.node_id, 0, -self.prefill_tokens, 0, 0)
 
     def release(self) -> None:
         if self._open:
             self._open = False
             prefill = -self.prefill_tokens if self._prefill_open else 0
             self._prefill_open = False
-            self._book._add(self.node_id, -1, prefill)
+            self._book._add(self.node_id, -1, prefill, -self._home, -self.prefill_tokens)
 
 
 class InFlight:
     """Outstanding requests and prefill tokens per node id, plus peers' load."""
 
-    __slots__ = ("_peer_load", "_prefill_tokens", "_requests", "on_release")
+    __slots__ = (
+        "_context_tokens",
+        "_home_requests",
+        "_node_regions",
+        "_peer_load",
+        "_prefill_tokens",
+        "_requests",
+        "on_release",
+        "region",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, region: str = "") -> None:
+        self.region = region  # the gateway's: where its clients are
         self._requests: dict[int, int] = {}
         self._prefill_tokens: dict[int, int] = {}
+        self._home_requests: dict[int, int] = {}
+        self._context_tokens: dict[int, int] = {}
+        self._node_regions: Mapping[int, str] = {}
         self._peer_load: Mapping[int, NodeLoad] = {}
         self.on_release: Callable[[int], None] | None = None  # a request on the node finished
 
-    def begin(self, node_id: int, prefill_tokens: int) -> Lease:
-        self._add(node_id, 1, prefill_tokens)
-        return Lease(self, node_id, prefill_tokens)
+    def set_node_regions(self, node_regions: Mapping[int, str]) -> None:
+        """Node id -> region, from the current snapshot (requests already begun keep their count)."""
+        self._node_regions = node_regions
 
-    def _add(self, node_id: int, requests: int, prefill_tokens: int) -> None:
+    def begin(self, node_id: int, prefill_tokens: int, client_region: str | None = None) -> Lease:
+        """A request leaves for ``node_id``; its client is in ``client_region`` (the gateway's if None)."""
+        node_region = self._node_regions.get(node_id)
+        home = int(node_region is not None and node_region == (client_region or self.region))
+        self._add(node_id, 1, prefill_tokens, home, prefill_tokens)
+        return Lease(self, node_id, prefill_tokens, home)
+
+    def _add(
+        self, node_id: int, requests: int, prefill_tokens: int, home_requests: int, context_tokens: int
+    ) -> None:
         self._requests[node_id] = self._requests.get(node_id, 0) + requests
         self._prefill_tokens[node_id] = self._prefill_tokens.get(node_id, 0) + prefill_tokens
+        self._context_tokens[node_id] = self._context_tokens.get(node_id, 0) + context_tokens
+        if home_requests:
+            self._home_requests[node_id] = self._home_requests.get(node_id, 0) + home_requests
         if requests < 0 and self.on_release is not None:
             self.on_release(node_id)
 
@@ -70,6 +99,12 @@ class InFlight:
     def outstanding_prefill_tokens(self) -> dict[int, int]:
         return dict(self._prefill_tokens)
 
+    def home_requests(self) -> dict[int, int]:
+        return dict(self._home_requests)
+
+    def outstanding_context_tokens(self) -> dict[int, int]:
+        return dict(self._context_tokens)
+
     def set_peer_load(self, load: Mapping[int, NodeLoad]) -> None:
         """Other gateways' outstanding work (from the shared gateway-load hash), added to ours."""
         self._peer_load = load
@@ -77,8 +112,10 @@ class InFlight:
     def load_view(self) -> dict[int, NodeLoad]:
         """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm."""
         prefill = self._prefill_tokens
+        home = self._home_requests
+        context = self._context_tokens
         view = {
-            node_id: NodeLoad(requests, prefill[node_id])
+            node_id: NodeLoad(requests, prefill[node_id], home.get(node_id, 0), context[node_id])
             for node_id, requests in self._requests.items()
             if requests or prefill[node_id]
         }
@@ -90,5 +127,7 @@ class InFlight:
                 view[node_id] = NodeLoad(
                     own.outstanding_requests + peer.outstanding_requests,
                     own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
+                    own.home_requests + peer.home_requests,
+                    own.outstanding_context_tokens + peer.outstanding_context_tokens,
                 )
         return view

@@ -69,7 +69,9 @@ MAX_HASHES_PER_UPDATE = 2048  # keeps one stream entry under ~50 KB of JSON
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
 
-LoadSource = Callable[[], tuple[Mapping[int, int], Mapping[int, int]]]
+# (outstanding requests, outstanding prefill tokens, home requests, outstanding context tokens),
+# each node id -> count
+LoadSource = Callable[[], tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int], Mapping[int, int]]]
 
 
 class SharedIndex(Protocol):
@@ -303,7 +305,7 @@ class GatewaySharing:
     # ---- load ---------------------------------------------------------------------------------
 
     async def _exchange_load_once(self) -> float:
-        requests, prefill_tokens = self._load_source()
+        requests, prefill_tokens, home_requests, context_tokens = self._load_source()
         now_s = self._clock()
         own = GatewayLoad(
             schema_version=SCHEMA_VERSION,
@@ -312,6 +314,8 @@ class GatewaySharing:
             updated_at=now_s,
             outstanding_requests={node: count for node, count in requests.items() if count},
             outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
+            home_requests={node: count for node, count in home_requests.items() if count},
+            outstanding_context_tokens={node: count for node, count in context_tokens.items() if count},
         )
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(self._keys.gateway_load, self.gateway_id, encode(own))
@@ -333,13 +337,21 @@ class GatewaySharing:
                     expired.append(field)
                 continue
             for node_id, count in peer.outstanding_requests.items():
-                totals.setdefault(node_id, [0, 0])[0] += count
+                totals.setdefault(node_id, [0, 0, 0, 0])[0] += count
             for node_id, count in peer.outstanding_prefill_tokens.items():
-                totals.setdefault(node_id, [0, 0])[1] += count
+                totals.setdefault(node_id, [0, 0, 0, 0])[1] += count
+            for node_id, count in peer.home_requests.items():
+                totals.setdefault(node_id, [0, 0, 0, 0])[2] += count
+            for node_id, count in peer.outstanding_context_tokens.items():
+                totals.setdefault(node_id, [0, 0, 0, 0])[3] += count
         if expired:
             await self._redis.hdel(self._keys.gateway_load, *expired)
         self._set_peer_load(
-            {node_id: NodeLoad(requests, tokens) for node_id, (requests, tokens) in totals.items()}, now_s
+            {
+                node_id: NodeLoad(requests, tokens, home, context)
+                for node_id, (requests, tokens, home, context) in totals.items()
+            },
+            now_s,
         )
         return self.load_interval_s
 

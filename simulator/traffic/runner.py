@@ -246,6 +246,8 @@ class _Sender:
             "stream": self.stream,
             "user": arrival.user,
         }
+        if arrival.min_tokens:
+            body["min_tokens"] = arrival.min_tokens
         if self.stream:
             body["stream_options"] = {"include_usage": True}
         headers = {"Content-Type": "application/json", SESSION_HEADER: arrival.conversation_id}

@@ -12,6 +12,10 @@ A ``WorkloadPlan`` is a list of ``Arrival``s (Poisson arrivals at ``rate_rps``, 
   region: the run is cut into one phase per region, and in phase *k* region *k* sends
   ``DIURNAL_PEAK_SHARE`` of the requests while the others share the rest (sized by the caller so
   the peak region runs at 2-3x its capacity while the others idle).
+- ``mixed-length``: single requests whose unique prompts run from 100 to 8k tokens (log-uniform,
+  so most are short and a few are long: chat next to document questions) with long answers
+  (``MIXED_OUTPUT_TOKENS``, forced with vLLM's ``min_tokens``): long prefills queue short ones, and
+  long decodes keep the KV cache and the batch full.
 - ``region-outage``: ``geo-chat`` traffic, with ``WorkloadPlan.outages``: the first region's nodes
   die at ``OUTAGE_START_SHARE`` of the run and come back at ``OUTAGE_END_SHARE``; whoever runs the
   plan applies them (the benchmark through the simulator's fault API).
@@ -32,8 +36,15 @@ from typing import Literal
 from simulator.text import text_of_tokens
 from simulator.tokenizer import count_tokens
 
-Workload = Literal["geo-chat", "no-share", "hot-prefix", "diurnal", "region-outage"]
-WORKLOADS: tuple[Workload, ...] = ("geo-chat", "no-share", "hot-prefix", "diurnal", "region-outage")
+Workload = Literal["geo-chat", "no-share", "hot-prefix", "diurnal", "region-outage", "mixed-length"]
+WORKLOADS: tuple[Workload, ...] = (
+    "geo-chat",
+    "no-share",
+    "hot-prefix",
+    "diurnal",
+    "region-outage",
+    "mixed-length",
+)
 
 GEO_CHAT_SYSTEM_PROMPT_TOKENS = (2048, 3072, 4096, 5120, 6144, 8000)
 GEO_CHAT_PREFERRED_SHARE = 0.8
@@ -46,6 +57,8 @@ HOT_PREFIX_SHARE = 0.95
 DIURNAL_PEAK_SHARE = 0.8
 OUTAGE_START_SHARE = 0.3
 OUTAGE_END_SHARE = 0.6
+MIXED_PROMPT_TOKENS = (100, 8000)  # log-uniform between these
+MIXED_OUTPUT_TOKENS = (256, 1024)  # uniform; each answer is exactly this long (min_tokens)
 _TOPICS = (
     "travel booking",
     "cloud billing",
@@ -71,6 +84,7 @@ class Arrival:
     user_text: str
     system_prompt: int | None  # index into WorkloadPlan.system_prompts
     max_tokens: int
+    min_tokens: int = 0  # vLLM's min_tokens (0: not sent): the answer is at least this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +191,9 @@ def build_plan(
         arrivals = _geo_chat(times, regions, rng, len(system_prompts), max_tokens, picker)
         if workload == "region-outage":
             outages = (Outage(regions[0], span_s * OUTAGE_START_SHARE, span_s * OUTAGE_END_SHARE),)
+    elif workload == "mixed-length":
+        system_prompts = ()
+        arrivals = _mixed_length(times, regions, rng, picker)
     elif workload == "hot-prefix":
         system_prompts = (_system_prompt(0, HOT_PREFIX_SYSTEM_PROMPT_TOKENS, seed),)
         arrivals = _single_turn(times, regions, rng, max_tokens, picker, hot=True)
@@ -291,6 +308,34 @@ def _single_turn(
                 user_text=text,
                 system_prompt=system_prompt,
                 max_tokens=max_tokens,
+            )
+        )
+    return arrivals
+
+
+def _mixed_length(
+    times: list[float], regions: tuple[str, ...], rng: random.Random, picker: _RegionPicker
+) -> list[Arrival]:
+    low, high = MIXED_PROMPT_TOKENS
+    arrivals: list[Arrival] = []
+    for index, at_s in enumerate(times):
+        region = regions[picker.pick(rng, at_s)]
+        prompt_tokens = round(low * (high / low) ** rng.random())
+        output_tokens = rng.randint(*MIXED_OUTPUT_TOKENS)
+        # The index up front makes even the first KV block unique: lengths, not reuse, are the point.
+        text = f"Request {index}: " + text_of_tokens(rng, prompt_tokens)
+        arrivals.append(
+            Arrival(
+                index=index,
+                at_s=at_s,
+                client_region=region,
+                conversation_id=f"{region}-m{index}",
+                turn=0,
+                user=f"{region}-user{rng.randrange(1000)}",
+                user_text=text,
+                system_prompt=None,
+                max_tokens=output_tokens,
+                min_tokens=output_tokens,
             )
         )
     return arrivals

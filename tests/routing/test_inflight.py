@@ -10,9 +10,9 @@ class TestInFlight:
     def test_it_counts_prefill_until_first_byte_and_requests_until_release(self):
         book = InFlight()
         lease = book.begin(1, 500)
-        assert book.load_view() == {1: NodeLoad(1, 500)}
+        assert book.load_view() == {1: NodeLoad(1, 500, outstanding_context_tokens=500)}
         lease.first_byte()
-        assert book.load_view() == {1: NodeLoad(1, 0)}
+        assert book.load_view() == {1: NodeLoad(1, 0, outstanding_context_tokens=500)}
         lease.release()
         assert book.load_view() == {}
         assert book.outstanding_requests() == {1: 0}
@@ -37,10 +37,28 @@ class TestInFlight:
         book.begin(1, 10)
         view = book.load_view()
         book.begin(1, 10)
-        assert view == {1: NodeLoad(1, 10)}
+        assert view == {1: NodeLoad(1, 10, outstanding_context_tokens=10)}
 
     def test_it_adds_the_peers_load(self):
         book = InFlight()
         book.begin(1, 100)
         book.set_peer_load({1: NodeLoad(2, 50), 3: NodeLoad(4, 0)})
-        assert book.load_view() == {1: NodeLoad(3, 150), 3: NodeLoad(4, 0)}
+        assert book.load_view() == {1: NodeLoad(3, 150, outstanding_context_tokens=100), 3: NodeLoad(4, 0)}
+
+    def test_it_counts_home_requests_and_the_context_held_until_done(self):
+        book = InFlight("us-east")
+        book.begin(1, 100)  # before the snapshot said where node 1 is: not counted as home
+        book.set_node_regions({1: "us-east", 2: "eu-central"})
+        home = book.begin(1, 100)
+        book.begin(2, 100)  # forwarded abroad: eu-central's node, not eu-central's client
+        book.begin(2, 100, client_region="eu-central")  # the replay books every region's requests
+        assert book.home_requests() == {1: 1, 2: 1}
+        assert book.load_view()[1] == NodeLoad(2, 200, home_requests=1, outstanding_context_tokens=200)
+        home.first_byte()  # prefill done; its prompt still holds KV until the request is done
+        assert book.load_view()[1] == NodeLoad(2, 100, home_requests=1, outstanding_context_tokens=200)
+        home.release()
+        home.release()
+        assert book.home_requests() == {1: 0, 2: 1}
+        assert book.outstanding_context_tokens() == {1: 100, 2: 200}
+        book.set_peer_load({2: NodeLoad(3, 0, home_requests=3, outstanding_context_tokens=900)})
+        assert book.load_view()[2] == NodeLoad(5, 200, home_requests=4, outstanding_context_tokens=1_100)

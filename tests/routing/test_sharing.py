@@ -25,8 +25,8 @@ def text(seed: str, chunks: int) -> str:
     return "".join(f"{seed}-{index:06d}-".ljust(CHUNK_BYTES, "x") for index in range(chunks))
 
 
-def no_load() -> tuple[dict[int, int], dict[int, int]]:
-    return {}, {}
+def no_load() -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, int]]:
+    return {}, {}, {}, {}
 
 
 async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> float:
@@ -59,7 +59,9 @@ def gateway(
     keys: RedisKeys,
     name: str,
     index: ApproxPrefixIndex | None = None,
-    load_source: Callable[[], tuple[Mapping[int, int], Mapping[int, int]]] = no_load,
+    load_source: Callable[
+        [], tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int], Mapping[int, int]]
+    ] = no_load,
     **options: object,
 ) -> GatewaySharing:
     return GatewaySharing(
@@ -111,18 +113,27 @@ async def test_it_shares_load_and_ignores_stale_and_own_entries(
     await client.hset(redis_keys.gateway_load, mapping={"ghost": encode(ghost), "dead": encode(dead)})
     pushed: list[Mapping[int, NodeLoad]] = []
 
-    def east_load() -> tuple[dict[int, int], dict[int, int]]:
-        return {1: 3, 2: 0}, {1: 1_200, 2: 0}
+    def east_load() -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, int]]:
+        # 2 of the 3 on node 1 are east's home requests; their prompts hold 5,000 tokens of KV
+        return {1: 3, 2: 0}, {1: 1_200, 2: 0}, {1: 2}, {1: 5_000}
 
     async with (
         running(gateway(client, redis_keys, "east", load_source=east_load)) as east,
         running(
             gateway(
-                client, redis_keys, "west", load_source=lambda: ({1: 2}, {1: 10}), on_peer_load=pushed.append
+                client,
+                redis_keys,
+                "west",
+                load_source=lambda: ({1: 2}, {1: 10}, {}, {}),
+                on_peer_load=pushed.append,
             )
         ) as west,
     ):
-        await eventually(lambda: west.peer_load.get(1) == NodeLoad(3, 1_200))
+        await eventually(
+            lambda: (
+                west.peer_load.get(1) == NodeLoad(3, 1_200, home_requests=2, outstanding_context_tokens=5_000)
+            )
+        )
         await eventually(lambda: east.peer_load.get(1) == NodeLoad(2, 10))
         assert set(west.peer_load) == {1}  # ghost's stale load and east's zero counts are not there
         await eventually(lambda: bool(pushed))
@@ -137,7 +148,11 @@ async def test_it_keeps_working_without_redis() -> None:
     unreachable = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2)
     index = ApproxPrefixIndex()
     sharing = gateway(
-        unreachable, RedisKeys(prefix="gorgotest-unreachable"), "alone", index, lambda: ({1: 1}, {1: 1})
+        unreachable,
+        RedisKeys(prefix="gorgotest-unreachable"),
+        "alone",
+        index,
+        lambda: ({1: 1}, {1: 1}, {}, {}),
     )
     try:
         async with running(sharing):
@@ -158,7 +173,7 @@ async def test_it_reconnects_when_redis_comes_back(redis_url: str, redis_keys: R
         index = ApproxPrefixIndex()
         try:
             async with running(
-                gateway(flaky, redis_keys, "flaky", index, lambda: ({7: 5}, {7: 50}))
+                gateway(flaky, redis_keys, "flaky", index, lambda: ({7: 5}, {7: 50}, {}, {}))
             ) as sharing:
                 await eventually(lambda: sharing.redis_errors >= 2)
                 switch_on()

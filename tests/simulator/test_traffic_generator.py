@@ -11,7 +11,7 @@ from pathlib import Path
 
 from simulator.tokenizer import count_tokens
 from simulator.traffic import build_plan, format_summary, percentile, run_plan, summarize
-from simulator.traffic.workloads import Arrival, WorkloadPlan
+from simulator.traffic.workloads import MIXED_OUTPUT_TOKENS, MIXED_PROMPT_TOKENS, Arrival, WorkloadPlan
 from tests.conftest import ROOT
 from tests.simulator.conftest import FleetFactory
 
@@ -170,3 +170,35 @@ def test_it_interpolates_percentiles() -> None:
     assert percentile([10.0], 99) == 10.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile(list(map(float, range(101))), 90) == 90.0
+
+
+def test_it_plans_mixed_lengths_with_long_answers() -> None:
+    plan = build_plan("mixed-length", REGIONS, rate_rps=10, duration_s=60, max_requests=300, seed=5)
+    prompt_tokens = [count_tokens(a.user_text) for a in plan.arrivals]
+    low, high = MIXED_PROMPT_TOKENS
+    assert min(prompt_tokens) >= low and max(prompt_tokens) <= high + 8
+    # log-uniform: most prompts short, some near the top
+    assert sorted(prompt_tokens)[len(prompt_tokens) // 2] < 1500
+    assert max(prompt_tokens) > 5000
+    assert all(a.min_tokens == a.max_tokens >= MIXED_OUTPUT_TOKENS[0] for a in plan.arrivals)
+    assert len({a.user_text[:40] for a in plan.arrivals}) == len(plan.arrivals)  # nothing shared
+
+
+async def test_it_asks_for_the_planned_answer_length_with_min_tokens(make_fleet: FleetFactory) -> None:
+    # The emulated model ends an answer on its own within 384 tokens; min_tokens holds it to 400.
+    fleet = await make_fleet(only=["node-a"], decode_step_base_ms=0.2, decode_per_seq_ms=0.0)
+    arrival = Arrival(
+        index=0,
+        at_s=0.0,
+        client_region="near",
+        conversation_id="near-m0",
+        turn=0,
+        user="near-user1",
+        user_text="Request 0: a long answer, please.",
+        system_prompt=None,
+        max_tokens=400,
+        min_tokens=400,
+    )
+    plan = WorkloadPlan("mixed-length", 1, 1.0, 1.0, ("near",), (), (arrival,))
+    (result,) = await asyncio.wait_for(run_plan(plan, {"near": fleet.url("node-a")}), timeout=60)
+    assert result.ok and result.completion_tokens == 400

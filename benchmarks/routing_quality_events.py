@@ -1,0 +1,194 @@
+"""Routing quality on the event model: the benchmark's plans through the what-if replay, in seconds.
+
+    python benchmarks/routing_quality_events.py                       # 4 workloads x 3 seeds, ~1 min
+    python benchmarks/routing_quality_events.py --workloads diurnal --policies gorgo,gorgo@greedy \
+        --seeds 1,2,3,4,5,6,7 --param w_displacement=0.5
+
+The wall-clock benchmark (``routing_quality.py``) takes ~5 minutes a workload on a shared 2-core
+machine; this one runs the same seeded plans (``simulator.traffic.build_plan``, the same rates, fleet
+and engine settings) through ``simulator.replay`` (the emulator's engine in virtual time, the real
+routing code; sharing between gateways is instant there, its main optimism), so a change to a
+policy can be tried on every workload and many seeds in a minute, then confirmed on the wall clock.
+Only the gateways' algorithms run (no ``vllm-router``) and no outage (``region-outage`` is left out).
+
+A multi-turn plan becomes replay requests as the runner would send them: the chat rendered as the
+gateway renders it (``routing.cache.prompt.render_messages``), its prefix-chunk hashes, and a
+deterministic stand-in for each answer (the emulator's answers are not known without running it).
+
+Prints one line per (workload, policy): the median over the seeds of p50 and p99 TTFT (ms), each
+seed's figures, the cross-region share and each client region's median p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+from typing import Any
+
+from routing_quality import (  # this directory is on sys.path
+    GORGO_POLICIES,
+    KV_CAPACITY_BLOCKS,
+    MAX_MODEL_LEN,
+    MAX_TOKENS,
+    PREFILL_TOKENS_PER_S,
+    SCENARIOS,
+    WARMUP_SHARE,
+    _params,
+    scenario_rate,
+)
+
+from routing.cache.approx_index import chunk_hashes
+from routing.cache.prompt import ChatMessage, render_messages
+from routing.contract import ModelSpec, RegionSpec
+from simulator.replay import ReplayRequest, percentile, replay
+from simulator.snapshots import make_node, make_snapshot
+from simulator.text import text_of_tokens
+from simulator.tokenizer import count_tokens
+from simulator.topology import Topology, load_topology
+from simulator.traffic import WorkloadPlan, build_plan
+
+DEFAULT_WORKLOADS = ("geo-chat", "diurnal", "four-region", "mixed-length")
+DEFAULT_POLICIES = ("least_load", "prefix_affinity", "prefix_affinity@local", "gorgo@greedy", "gorgo")
+CHAT_TEMPLATE_TOKENS_PER_MESSAGE = 4
+
+
+def replay_requests(plan: WorkloadPlan, model: str) -> list[ReplayRequest]:
+    """Each arrival as the gateway would see it: its whole chat so far, hashed, and its length."""
+    history: dict[str, list[ChatMessage]] = {}
+    requests: list[ReplayRequest] = []
+    for arrival in plan.arrivals:
+        turns = history.setdefault(arrival.conversation_id, [])
+        messages = (
+            [ChatMessage("system", plan.system_prompts[arrival.system_prompt])]
+            if (arrival.system_prompt is not None)
+            else []
+        )
+        messages += [*turns, ChatMessage("user", arrival.user_text)]
+        text = render_messages(messages)
+        tokens = sum(count_tokens(str(m.content)) + CHAT_TEMPLATE_TOKENS_PER_MESSAGE for m in messages)
+        requests.append(
+            ReplayRequest(
+                arrival.at_s,
+                arrival.client_region,
+                model,
+                tokens,
+                arrival.max_tokens,
+                tuple(chunk_hashes(text)),
+                len(text),
+                session_key=arrival.user,
+            )
+        )
+        answer = text_of_tokens(
+            random.Random(f"{arrival.conversation_id}:{arrival.turn}"), arrival.max_tokens
+        )
+        turns += [ChatMessage("user", arrival.user_text), ChatMessage("assistant", answer)]
+    return requests
+
+
+def run(workload: str, policy: str, seed: int, requests: int, overrides: dict[str, float]) -> dict[str, Any]:
+    """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region."""
+    scenario = SCENARIOS[workload]
+    topology = load_topology(scenario.topology_path)
+    rate = scenario_rate(scenario, topology)
+    warmup = round(requests * WARMUP_SHARE)
+    plan = build_plan(
+        scenario.workload,
+        [region.slug for region in topology.regions],
+        rate_rps=rate,
+        duration_s=(requests + warmup) / rate * 1.5,
+        max_requests=requests + warmup,
+        seed=seed,
+        max_tokens=MAX_TOKENS,
+        client_shares=scenario.client_shares,
+    )
+    traffic = replay_requests(plan, topology.nodes[0].model)
+    algorithm, policy_params = GORGO_POLICIES[policy]
+    params = _params(algorithm, {**policy_params, **overrides})
+    outcome = replay(snapshot_of(topology, params), rtt_of(topology), traffic, scrape_interval_s=None)
+    measured = outcome.requests[warmup:]
+    ttfts = sorted(r.ttft_ms for r in measured if r.ttft_ms is not None)
+    by_region: dict[str, list[float]] = {}
+    for request, result in zip(traffic[warmup:], measured, strict=True):
+        if result.ttft_ms is not None:
+            by_region.setdefault(request.gateway_region, []).append(result.ttft_ms)
+    return {
+        "p50_ms": percentile(ttfts, 50),
+        "p99_ms": percentile(ttfts, 99),
+        "cross_region_share": sum(r.cross_region for r in measured) / max(1, len(measured)),
+        "region_p50_ms": {region: percentile(sorted(v), 50) for region, v in sorted(by_region.items())},
+        "unfinished": outcome.unfinished,
+    }
+
+
+def snapshot_of(topology: Topology, params: Any) -> Any:
+    nodes = tuple(
+        make_node(
+            node_id,
+            name=spec.name,
+            region=spec.region,
+            models=(spec.model,),
+            max_num_seqs=spec.engine.max_num_seqs,
+            prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
+            kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
+        )
+        for node_id, spec in enumerate(topology.nodes, start=1)
+    )
+    model = topology.nodes[0]
+    return make_snapshot(
+        nodes,
+        params=params,
+        regions=tuple(RegionSpec(r.slug, r.name, r.latitude, r.longitude) for r in topology.regions),
+        models=(ModelSpec(model.model, model.engine.block_size, MAX_MODEL_LEN),),
+    )
+
+
+def rtt_of(topology: Topology) -> dict[tuple[str, int], float]:
+    """What the wall-clock benchmark publishes: the topology's RTT plus the mean jitter."""
+    return {
+        (region.slug, node_id): topology.rtt_ms(region.slug, spec.region)
+        + topology.jitter_ms(region.slug, spec.region) / 2
+        for region in topology.regions
+        for node_id, spec in enumerate(topology.nodes, start=1)
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--requests", type=int, default=320, help="measured requests per run")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a gorgo parameter, e.g. w_displacement=0.5",
+    )
+    args = parser.parse_args(argv)
+    overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    for workload in args.workloads.split(","):
+        if workload not in SCENARIOS or SCENARIOS[workload].workload == "region-outage":
+            raise SystemExit(f"error: {workload!r} is not a workload the event model runs")
+        for policy in args.policies.split(","):
+            rows = [run(workload, policy, seed, args.requests, overrides) for seed in seeds]
+            p50 = statistics.median(row["p50_ms"] for row in rows)
+            p99 = statistics.median(row["p99_ms"] for row in rows)
+            cross = statistics.median(row["cross_region_share"] for row in rows)
+            regions = {
+                region: round(statistics.median(row["region_p50_ms"][region] for row in rows))
+                for region in rows[0]["region_p50_ms"]
+            }
+            each = " ".join(f"{row['p50_ms']:.0f}/{row['p99_ms']:.0f}" for row in rows)
+            print(
+                f"{workload:>13} {policy:<22} p50 {p50:6.0f} p99 {p99:6.0f} cross {cross:4.0%}  [{each}]  {regions}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
