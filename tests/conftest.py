@@ -338,6 +338,9 @@ def _build_template(operator: tuple[str, str] | None) -> Path:
     return path
 
 
+E2E_OPERATOR = ("e2e", "e2e-operator-pw")  # the account ``control_plane`` makes: (username, password)
+
+
 @dataclass(frozen=True)
 class ControlPlane:
     """A control plane running as a real ASGI process on its own SQLite file database."""
@@ -394,7 +397,7 @@ def control_plane(
     processes.env.update(env)
     port = free_port()
     plane = ControlPlane(url=f"http://127.0.0.1:{port}", token="", env=env)
-    operator = ("e2e", "e2e-operator-pw")
+    operator = E2E_OPERATOR
     if e2e_database_url.startswith("sqlite:///"):
         token = migrated_sqlite(Path(e2e_database_url.removeprefix("sqlite:///")), operator=operator)
     else:
