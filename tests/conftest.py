@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -286,6 +291,56 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+_MIGRATED: dict[str, Path] = {}
+_MIGRATED_LOCK = threading.RLock()
+
+
+def migrated_sqlite(destination: Path, *, operator: tuple[str, str] | None = None) -> str:
+    """Write a migrated SQLite database to ``destination``, as ``manage.py migrate`` (and, with
+    ``operator`` = (username, password), ``createoperator``) would; return that operator's token.
+
+    The migrations run once per pytest process into a template file and each caller gets a copy:
+    every migrate (and createoperator, whose password hash is slow on purpose) was a Django process
+    of its own, seconds of CPU each, for the same bytes. Tests of the migrations themselves
+    (tests/controlplane/test_migrations.py) and of createoperator still run the real commands."""
+    key = f"{operator[0]}:{operator[1]}" if operator else ""
+    with _MIGRATED_LOCK:
+        if key not in _MIGRATED:
+            _MIGRATED[key] = _build_template(operator)
+        template = _MIGRATED[key]
+    shutil.copyfile(template, destination)
+    return (template.parent / "token").read_text() if operator else ""
+
+
+def _build_template(operator: tuple[str, str] | None) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="gorgo-migrated-"))
+    atexit.register(shutil.rmtree, directory, True)
+    path = directory / "db.sqlite3"
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{path}"}
+    manage = [sys.executable, "manage.py"]
+    if operator is None:
+        run_checked([*manage, "migrate", "--no-input", "-v", "0"], cwd=ROOT, env=env)
+    else:
+        migrated_sqlite(path)
+        username, password = operator
+        token = run_checked(
+            [*manage, "createoperator", "--username", username, "--password", password, "-v", "0"],
+            cwd=ROOT,
+            env=env,
+        ).strip()
+        (directory / "token").write_text(token)
+    # The settings put SQLite in WAL mode: fold the log into the file so one file is the database.
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        connection.close()
+    return path
+
+
+E2E_OPERATOR = ("e2e", "e2e-operator-pw")  # the account ``control_plane`` makes: (username, password)
+
+
 @dataclass(frozen=True)
 class ControlPlane:
     """A control plane running as a real ASGI process on its own SQLite file database."""
@@ -342,10 +397,14 @@ def control_plane(
     processes.env.update(env)
     port = free_port()
     plane = ControlPlane(url=f"http://127.0.0.1:{port}", token="", env=env)
-    plane.manage("migrate", "--no-input", "-v", "0")
-    token = plane.manage(
-        "createoperator", "--username", "e2e", "--password", "e2e-operator-pw", "-v", "0"
-    ).strip()
+    operator = E2E_OPERATOR
+    if e2e_database_url.startswith("sqlite:///"):
+        token = migrated_sqlite(Path(e2e_database_url.removeprefix("sqlite:///")), operator=operator)
+    else:
+        plane.manage("migrate", "--no-input", "-v", "0")
+        token = plane.manage(
+            "createoperator", "--username", operator[0], "--password", operator[1], "-v", "0"
+        ).strip()
     processes.start(
         "web",
         [

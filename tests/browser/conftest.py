@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from simulator.harness import free_port, run_checked
-from tests.conftest import REDIS_URL, ROOT, ProcessGroup
+from tests.conftest import REDIS_URL, ROOT, ProcessGroup, migrated_sqlite
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -95,7 +95,7 @@ def seeded_server(directory: Path, **extra_env: str) -> DashboardServer:
         **extra_env,
     }
     plane = DashboardServer(directory=directory, env=env)
-    plane.manage("migrate", "--no-input", "-v", "0")
+    migrated_sqlite(directory / "db.sqlite3")  # what `manage.py migrate` would write
     plane.manage("seed_demo")
     plane.manage("createoperator", "--username", VIEWER[0], "--password", VIEWER[1], "--viewer")
     plane.run("-m", "tests.browser.demo_data", "--minutes", "20")

@@ -9,29 +9,57 @@ from __future__ import annotations
 import re
 import stat
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from controlplane.settings import generated_secret_key
-from tests.conftest import ROOT, ControlPlane, ProcessGroup, free_port
+from routing.contract import RedisKeys
+from tests.conftest import (
+    E2E_OPERATOR,
+    ROOT,
+    ControlPlane,
+    ProcessGroup,
+    delete_namespace,
+    free_port,
+    migrated_sqlite,
+)
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def production_web(control_plane: ControlPlane, processes: ProcessGroup) -> str:
-    """The control plane's database served by a second process with DEBUG off, as `make run` does."""
+@pytest.fixture(scope="module")
+def production_web(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[str]:
+    """A migrated control-plane database (with ``control_plane``'s operator) served with DEBUG off,
+    as `make run` does. One per module: its tests only read (and sign in), and each web process
+    was seconds of startup."""
+    directory = tmp_path_factory.mktemp("production-web")
+    keys = RedisKeys(prefix=f"gorgotest-{uuid.uuid4().hex}")
+    database = directory / "db.sqlite3"
+    migrated_sqlite(database, operator=E2E_OPERATOR)
+    env = {
+        "DEBUG": "false",
+        "DATABASE_URL": f"sqlite:///{database}",
+        "REDIS_URL": redis_url,
+        "GORGO_REDIS_PREFIX": keys.prefix,
+    }
+    group = ProcessGroup(directory=directory, env=env)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    processes.start(
-        "web-production",
-        [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)],
-        env={"DEBUG": "false"},
-        ready_url=f"{url}/login/",
-    )
-    return url
+    try:
+        group.start(
+            "web-production",
+            [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(port)],
+            ready_url=f"{url}/login/",
+        )
+        yield url
+    finally:
+        group.stop_all()
+        delete_namespace(redis.Redis.from_url(redis_url), keys.prefix)
 
 
 def test_make_run_does_not_turn_debug_on() -> None:
@@ -56,7 +84,7 @@ def test_pages_admin_and_static_files_work_without_debug(production_web: str) ->
         token = web.cookies["csrftoken"]
         signed_in = web.post(
             "/login/",
-            data={"username": "e2e", "password": "e2e-operator-pw", "csrfmiddlewaretoken": token},
+            data={"username": E2E_OPERATOR[0], "password": E2E_OPERATOR[1], "csrfmiddlewaretoken": token},
             headers={"Referer": f"{production_web}/login/"},
         )
         assert signed_in.status_code == 302, signed_in.text[:500]

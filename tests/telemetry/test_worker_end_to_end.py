@@ -1,8 +1,8 @@
 """End to end: a real Celery worker and beat (not eager) against emulated vLLM nodes on loopback.
 
-Processes: two simulator processes (the node we kill runs alone), `manage.py migrate` into a
-temporary SQLite file shared with the worker, a Celery worker consuming the default queue and
-every region's probe queue (threads pool), and beat with one-second intervals. The test reads
+Processes: two simulator processes (the node we kill runs alone), a migrated temporary SQLite file
+(a copy of the session's, tests/conftest.py) shared with the worker, a Celery worker consuming the
+default queue and every region's probe queue (threads pool), and beat with one-second intervals. The test reads
 what the workers wrote: Redis live state (as a gateway would) and the database file.
 """
 
@@ -25,7 +25,7 @@ import redis
 from routing import contract
 from routing.contract import REQUEST_STREAM_FIELD, NodeLiveState, RedisKeys, RTTTable
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
-from tests.conftest import ROOT, ProcessGroup, delete_namespace
+from tests.conftest import ROOT, ProcessGroup, delete_namespace, migrated_sqlite
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -83,7 +83,7 @@ def stack(processes: ProcessGroup, tmp_path: Path, redis_url: str) -> Iterator[d
     assert set(urls) == {"us-east-1", "eu-central-1", "ap-south-1"}
 
     run = {"cwd": ROOT, "env": {**os.environ, **processes.env}, "check": True, "capture_output": True}
-    subprocess.run([python, "manage.py", "migrate", "--no-input", "-v", "0"], timeout=120, **run)
+    migrated_sqlite(db_path)  # what `manage.py migrate` would write
     seed = SEED.format(topology=str(DEFAULT_TOPOLOGY_PATH), model=MODEL, urls=urls)
     subprocess.run([python, "manage.py", "shell", "-c", seed], timeout=60, **run)
     queues = subprocess.run(
