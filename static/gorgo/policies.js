@@ -264,6 +264,9 @@
 
   async function act(e, name, bar) {
     if (!window.confirm(ACTIONS[name].confirm(e))) return;
+    // A new attempt: the last one's message goes now, not when this answer comes (the push of
+    // the outcome may redraw the experiment first, and must not show it beside the new status).
+    errors.delete(e.id);
     bar.querySelectorAll("button").forEach((b) => { b.disabled = true; });
     try {
       const response = await fetch(`${panel.dataset.api}${e.id}/${name}/`, {
