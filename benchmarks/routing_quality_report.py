@@ -19,7 +19,6 @@ PEER = "vllm-router"
 PEER_LOCAL = "vllm-router@local"
 # What operators deploy today: geo-DNS to the nearest region, a cache-aware router per region.
 REGIONAL = (PEER_LOCAL, "prefix_affinity@local")
-GORGO_VARIANTS = ("gorgo", "gorgo@greedy")
 # The GORGO paper's own router (PyPI gorgo-lb), run by benchmarks/gorgo_lb_peer.py (its VARIANTS):
 # one per region with the package's weights, one central proxy, the package's ES tuner on, the 2D
 # model with the fleet's prefill speed, its AIBrix-derived prefix-cache baseline, and the nodes'
