@@ -246,7 +246,11 @@ class ReplayEngine(Engine):
         needed = 0
         for item in batch:
             request = item.request
-            needed += math.ceil((request.num_computed_tokens + steps) / block_size) - len(request.blocks)
+            # A macro step cut short leaves blocks for tokens not decoded yet: one request's
+            # surplus is no other's supply.
+            needed += max(
+                0, math.ceil((request.num_computed_tokens + steps) / block_size) - len(request.blocks)
+            )
         if needed > self.pool.num_free_blocks:
             return 1
         for item in batch:

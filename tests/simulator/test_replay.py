@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -132,3 +133,34 @@ def test_it_gives_up_on_requests_still_unserved_long_after_the_last_arrival(monk
     monkeypatch.setattr(replay_module, "DRAIN_S", 0.001)
     outcome = replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, [request(0.0, tokens=20_000)])
     assert outcome.unfinished == 1 and outcome.requests[0].ttft_ms is None
+
+
+def test_a_macro_step_counts_only_the_blocks_requests_still_lack() -> None:
+    # A macro step cut short by an arrival leaves its requests with blocks for tokens they have
+    # not decoded yet. The next run must not let that surplus stand in for another request's need:
+    # summed as negative, it hid a shortfall and the allocation below failed (an assertion).
+    from simulator.engine import SimRequest, _Scheduled
+    from simulator.metrics import NodeMetrics
+    from simulator.topology import EngineParams
+
+    async def check() -> int:
+        params = EngineParams(kv_capacity_blocks=8, block_size=16, max_model_len=128)
+        metrics = NodeMetrics("n", max_model_len=params.max_model_len, block_size=16, num_gpu_blocks=8)
+        engine = ReplayEngine(params, metrics)
+
+        def decoding(name: str, computed: int, blocks: int) -> SimRequest:
+            request = SimRequest(name, [1] * computed, computed, 20, 20, 0.0, iter(()))
+            request.num_computed_tokens = computed
+            request.blocks = engine.pool.allocate(blocks) or []
+            assert len(request.blocks) == blocks
+            return request
+
+        ahead = decoding("ahead", 16, 6)  # blocks for 96 tokens, 36 after 20 steps: 3 to spare
+        behind = decoding("behind", 16, 1)  # full: the next token needs a new block
+        engine.running = [ahead, behind]
+        assert engine.pool.num_free_blocks == 1
+        batch = [_Scheduled(ahead, 1, True), _Scheduled(behind, 1, True)]
+        return engine._decode_run_length(batch)
+
+    # 20 steps to their end: `behind` needs 2 more blocks and 1 is free, so the engine steps singly.
+    assert asyncio.run(check()) == 1
