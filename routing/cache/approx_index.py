@@ -64,6 +64,8 @@ _hash_chunk = xxhash.xxh3_64_intdigest
 
 def chunk_hashes(prompt_text: str) -> list[int]:
     """The chained hashes of the prompt's full chunks, first chunk first (stable across processes)."""
+    if len(prompt_text) * 4 < CHUNK_BYTES:  # at most 4 UTF-8 bytes a character: not one full chunk
+        return []
     data = prompt_text.encode("utf-8", "surrogatepass")
     view = memoryview(data)
     hashes: list[int] = []
@@ -123,8 +125,9 @@ class ApproxPrefixIndex:
         """The prompt's chained chunk hashes; compute once per request and pass them around."""
         return chunk_hashes(prompt_text)
 
-    def _hashes_for(self, prompt_text: str) -> list[int]:
-        # The gateway calls match() then insert() with the same string object: hash it once.
+    def text_hashes(self, prompt_text: str) -> list[int]:
+        """The prompt's chunk hashes, hashed once per prompt object: the gateway calls match(),
+        insert() and then keeps them for the request's record, all with the same string."""
         if prompt_text is not self._last_text:
             self._last_hashes = chunk_hashes(prompt_text)
             self._last_text = prompt_text
@@ -139,11 +142,11 @@ class ApproxPrefixIndex:
 
         Works on the text only; ``prompt_ids`` is for precise indexes (``routing.cache.kv_aware_index``).
         """
-        return self.match_hashes(self._hashes_for(prompt_text), node_ids, self._clock())
+        return self.match_hashes(self.text_hashes(prompt_text), node_ids, self._clock())
 
     def insert(self, node_id: int, prompt_text: str) -> None:
         """Record that the prompt was sent to ``node_id`` (and queue it for the other gateways)."""
-        self.insert_hashes(node_id, self._hashes_for(prompt_text), self._clock())
+        self.insert_hashes(node_id, self.text_hashes(prompt_text), self._clock())
 
     # ---- hash level ---------------------------------------------------------------------------
 

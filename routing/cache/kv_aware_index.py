@@ -123,7 +123,7 @@ class KVAwareIndex:
             index = events.index
             text_hashes: list[int] | None = None
             if any(self._text_pending.get(node_id) for node_id in precise_nodes):
-                text_hashes = self.approx.chunk_hashes(prompt_text)
+                text_hashes = self.approx.text_hashes(prompt_text)
             by_size: dict[int, list[int]] = defaultdict(list)
             for node_id in precise_nodes:
                 by_size[self.block_size(node_id)].append(node_id)
@@ -188,6 +188,9 @@ class KVAwareIndex:
             cache.popitem(last=False)
         return keys
 
+    def text_hashes(self, prompt_text: str) -> list[int]:
+        return self.approx.text_hashes(prompt_text)
+
     def insert(self, node_id: int, prompt_text: str) -> None:
         self.approx.insert(node_id, prompt_text)
         mode = self._last_modes.get(node_id, "approximate")
@@ -202,7 +205,7 @@ class KVAwareIndex:
             if self.events.mode(node_id, now) == "precise":
                 # A precise node routed on estimates (the prompt's tokens were not known yet).
                 self._text_pending[node_id].append(
-                    (now + PENDING_S, tuple(self.approx.chunk_hashes(prompt_text)))
+                    (now + PENDING_S, tuple(self.approx.text_hashes(prompt_text)))
                 )
             return
         keys = self._last_keys.get(self.block_size(node_id))

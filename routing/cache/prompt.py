@@ -256,6 +256,11 @@ class PrefixIndex(Protocol):
         """Record that ``prompt_text`` was sent to ``node_id`` (its cache will hold it)."""
         ...
 
+    def text_hashes(self, prompt_text: str) -> list[int]:
+        """The prompt's chained chunk hashes (``routing.cache.approx_index.chunk_hashes``), computed
+        once per prompt object: ``match``, ``insert`` and the request's record share them."""
+        ...
+
     def observe(
         self, node_id: int, predicted_fraction: float, observed_fraction: float, now_s: float
     ) -> None:

@@ -37,6 +37,7 @@ class Exchange:
         "lease",
         "parsed",
         "prediction",
+        "prefix_hashes",
         "prompt_tokens_est",
         "refused_key",
         "request_id",
@@ -61,6 +62,7 @@ class Exchange:
         self.parsed: ParsedRequest | None = None
         self.prompt_tokens_est = 0
         self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
+        self.prefix_hashes: list[int] | None = None  # the prompt's chunk hashes, when the index made them
         self.decision: Decision | None = None
         self.lease: Lease | None = None
         self.routing_s = 0.0

@@ -133,6 +133,8 @@ class Proxy:
         self._gateway_id = config.gateway_id
         self._max_body_bytes = config.max_body_bytes
         self._sequence = 0
+        # The candidates' node ids for the prefix index, for the last candidate tuple seen
+        self._ids_of: tuple[tuple[NodeSpec, ...], tuple[int, ...]] = ((), ())
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
         self._ids = itertools.count(1)
         self._front_door = front_door
@@ -255,7 +257,9 @@ class Proxy:
             uses_index = table.uses_prefix_index
         matched: dict[int, int] = {}
         if uses_index:
-            node_ids = tuple(node.id for node in candidates)
+            if candidates is not self._ids_of[0]:  # the same tuple request after request, per model
+                self._ids_of = (candidates, tuple(node.id for node in candidates))
+            node_ids = self._ids_of[1]
             if prompt_ids is not None and prompt_ids.complete:
                 matched = (
                     self._cache_index.match(node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant)
@@ -284,6 +288,9 @@ class Proxy:
             decision = algorithm.choose(view, request)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
+            if exchange is not None:
+                # Hashed once for match and insert: the request's record keeps the same hashes.
+                exchange.prefix_hashes = self._cache_index.text_hashes(prompt_text)
             # Read now, on this request's decision: the index's attribute is the last decision
             # of any request, and a policy that never asks the index must record no prediction.
             prediction = getattr(self._cache_index, "last_prediction", None)

@@ -149,9 +149,7 @@ class RequestOutcome:
             predicted_cached_tokens=prediction[2] if prediction is not None else None,
             # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the
             # decision path: the answer has been relayed by now.
-            prefix_hashes=(
-                tuple(chunk_hashes(parsed.prompt_text)[:PREFIX_HASHES_MAX]) if parsed is not None else ()
-            ),
+            prefix_hashes=record_prefix_hashes(exchange),
             canary_id=exchange.canary_id,
             arm=exchange.arm,
             shadow_id=shadow.trial_id if shadow is not None else None,
@@ -177,3 +175,15 @@ class RequestOutcome:
             details.cached_tokens / usage.prompt_tokens,
             time.time(),
         )
+
+
+def record_prefix_hashes(exchange: Exchange) -> tuple[int, ...]:
+    """The prompt's chunk hashes for the record: the ones the prefix index made while routing it,
+    else hashed here (a policy without the index); never the text."""
+    hashes = exchange.prefix_hashes
+    if hashes is None:
+        parsed = exchange.parsed
+        if parsed is None:
+            return ()
+        hashes = chunk_hashes(parsed.prompt_text)
+    return tuple(hashes[:PREFIX_HASHES_MAX])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import openai
 
-from routing.contract import LeastLoadParams, RequestRecord, decode
+from routing.cache.approx_index import ApproxPrefixIndex, chunk_hashes
+from routing.contract import GorgoParams, LeastLoadParams, RequestRecord, decode
 from tests.routing.support import (
     MODEL,
     gateway_config,
@@ -134,6 +135,32 @@ class TestProxying:
         assert first.prefix_hashes[:2] == second.prefix_hashes[:2]  # the shared system prompt
         assert first.prefix_hashes[-1] != second.prefix_hashes[-1]  # the different questions
         assert all(b"fleet" not in fields[b"r"] for _, fields in entries)
+
+    async def test_the_record_keeps_the_hashes_the_index_routed_on(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        # A cache-aware policy hashes the prompt for the index; the record must reuse those hashes
+        # (issue 23: a shadow that needs the index pays no second hashing). This index names its
+        # chunks its own way, so a record hashed again would show the standard names instead.
+        class OwnNames(ApproxPrefixIndex):
+            def text_hashes(self, prompt_text):
+                return [value ^ 1 for value in super().text_hashes(prompt_text)]
+
+        question = [{"role": "user", "content": "a question of several chunks " * 40}]
+        nodes = tuple(make_node(index + 1, stub.url) for index, stub in enumerate(stubs))
+        await publish(aredis, redis_keys, make_snapshot(nodes, params=GorgoParams()))
+        index = OwnNames()
+        async with running_gateway(gateway_config(redis_keys, redis_url), prefix_index=index) as gateway:
+            response = await gateway.http.post(
+                f"{gateway.url}/v1/chat/completions", json={"model": MODEL, "messages": question}
+            )
+            assert response.status_code == 200
+            await wait_for(_has(aredis, redis_keys, 1), timeout_s=5)
+        ((_, fields),) = await aredis.xrange(redis_keys.request_stream)
+        record = decode(fields[b"r"], RequestRecord)
+        standard = chunk_hashes(index._last_text)
+        assert len(standard) >= 3
+        assert list(record.prefix_hashes) == [value ^ 1 for value in standard]
 
 
 def _has(aredis, keys, count):
