@@ -30,7 +30,10 @@ fresh fleet per (policy, seed), so no run inherits another's cache or index:
   other region, as geo-DNS failover does);
 - the oracle: the simulator logs, as each request reaches the fleet, the fastest first token any
   node could give it (RTT from the client's region, the blocks that node holds, its prefill speed,
-  no queue); each policy's TTFT is reported against it.
+  no queue); each policy's TTFT is reported against it, and each request's TTFT is split (from the
+  fleet's log of what it spent at the node that served it) into RTT, intake, queue, prefill, the
+  emulator's lag and the rest (gateway, hops, jitter), as is its gap to the bound
+  (``routing_quality_report.attribute``).
 
 Results: benchmarks/results/routing_quality.{json,md,png} (``--out`` to write elsewhere).
 """
@@ -64,6 +67,7 @@ from routing_quality_report import (  # this directory is on sys.path
     PEER,
     PEER_LOCAL,
     RunFigures,
+    Served,
     summarize_run,
     write_outputs,
 )
@@ -483,6 +487,7 @@ class RunOutput:
     records: list[RequestRecord] = field(default_factory=list)
     oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
     peer_state: dict[str, Any] | None = None  # gorgo-lb: each adapter's final weights and tuner
+    served: dict[int, Served] = field(default_factory=dict)  # request index -> its time at the node
 
 
 COUNTERS = {
@@ -541,7 +546,7 @@ async def drive(
 ) -> tuple[list[RequestResult], dict[str, dict[str, float]], dict[str, Any]]:
     """Send the plan; snapshot the nodes' counters when the warm-up ends and after the last answer.
 
-    Also returns the fleet's oracle log (``GET /oracle``)."""
+    Also returns the fleet's oracle log (``GET /oracle``: the bounds and what each request spent)."""
     async with httpx.AsyncClient() as http:
 
         async def scrape_all() -> dict[str, dict[str, float]]:
@@ -565,28 +570,57 @@ async def drive(
         if faults is not None:
             await faults
         after = await scrape_all()
-        oracle = (
-            (await http.get(f"{outages.control_url}/oracle", timeout=30.0)).json()["requests"]
-            if outages
-            else {}
-        )
+        oracle = (await http.get(f"{outages.control_url}/oracle", timeout=30.0)).json() if outages else {}
     increase = {
         node: {name: after[node][name] - before[node][name] for name in after[node]} for node in after
     }
     return results, increase, oracle
 
 
-def oracle_by_index(plan: WorkloadPlan, oracle: dict[str, Any]) -> dict[int, float]:
-    """Each arrival's lower bound, found by the key the simulator logged it under."""
+def _logged_keys(plan: WorkloadPlan) -> dict[int, str]:
+    """Each arrival's key in the simulator's oracle log (``simulator.server.oracle_key``)."""
     first_text: dict[str, str] = {}
     for arrival in plan.arrivals:
         if arrival.turn == 0:
             first_text[arrival.conversation_id] = arrival.user_text
+    return {
+        arrival.index: oracle_key_of(first_text.get(arrival.conversation_id, ""), arrival.turn + 1)
+        for arrival in plan.arrivals
+    }
+
+
+def oracle_by_index(plan: WorkloadPlan, oracle: dict[str, Any]) -> dict[int, float]:
+    """Each arrival's lower bound, found by the key the simulator logged it under."""
+    bounds = oracle.get("requests", {})
     found: dict[int, float] = {}
-    for arrival in plan.arrivals:
-        entry = oracle.get(oracle_key_of(first_text.get(arrival.conversation_id, ""), arrival.turn + 1))
+    for index, key in _logged_keys(plan).items():
+        entry = bounds.get(key)
         if entry is not None:
-            found[arrival.index] = float(entry[1])
+            found[index] = float(entry[1])
+    return found
+
+
+def served_by_index(plan: WorkloadPlan, oracle: dict[str, Any], topology: Topology) -> dict[int, Served]:
+    """Each arrival's time at the node that served it, beside its bound's (``Served``)."""
+    bounds = oracle.get("requests", {})
+    served = oracle.get("served", {})
+    regions = {node.name: node.region for node in topology.nodes}
+    found: dict[int, Served] = {}
+    for index, key in _logged_keys(plan).items():
+        bound, at = bounds.get(key), served.get(key)
+        if bound is None or at is None or at[0] not in regions:
+            continue
+        client_region, _, bound_rtt_ms, bound_compute_ms = bound
+        node, intake_ms, queued_ms, prefill_ms, late_ms = at
+        found[index] = Served(
+            rtt_ms=topology.rtt_ms(client_region, regions[node]),
+            intake_ms=float(intake_ms),
+            queue_ms=float(queued_ms),
+            prefill_ms=float(prefill_ms),
+            lag_ms=float(late_ms),
+            bound_rtt_ms=float(bound_rtt_ms),
+            bound_compute_ms=float(bound_compute_ms),
+        )
     return found
 
 
@@ -711,6 +745,7 @@ def run_once(
             records,
             oracle_by_index(plan, oracle),
             adapters.state() if adapters else None,
+            served_by_index(plan, oracle, topology),
         )
     finally:
         for proc in reversed(procs):
@@ -829,7 +864,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--raw",
         default=None,
-        help="also write every request's result to DIR/<workload>-<policy>-<seed>.jsonl",
+        help="also write every request's result to DIR/<workload>-<policy>-<seed>.jsonl (and its time at "
+        "its node, its bound's, to .served.json)",
     )
     parser.add_argument(
         "--calibrate", action="store_true", help="measure the rates instead (least_load at --probe-rate)"
@@ -1003,6 +1039,12 @@ def main(argv: list[str] | None = None) -> int:
                     raw_dir.mkdir(parents=True, exist_ok=True)
                     with (raw_dir / f"{name}-{policy}-{seed}.jsonl").open("wb") as raw:
                         raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
+                    # ... and each request's time at its node beside its bound's (``Served``), by index
+                    (raw_dir / f"{name}-{policy}-{seed}.served.json").write_text(
+                        json.dumps(
+                            {str(index): dataclasses.asdict(at) for index, at in output.served.items()}
+                        )
+                    )
                 print(
                     f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
                     f" (oracle p50 {figures.oracle_p50_ms or 0:.0f}), hit {figures.prefix_hit_rate:.0%},"

@@ -60,6 +60,34 @@ COLORS = {
 }
 
 
+@dataclass(frozen=True)
+class Served:
+    """One request's time at the node that served it, beside its oracle bound's (ms).
+
+    From the simulator's log (``GET /oracle``): ``intake_ms`` from its HTTP request's arrival at
+    the node to the engine (the emulator reading, parsing and tokenizing it in the fleet's one
+    process, a harness cost no real node has in this form), ``queue_ms`` from there to its first
+    scheduled step, ``prefill_ms`` from there to its first token (prefill steps shared with the
+    batch's decodes), ``lag_ms`` how late the fleet's process wrote that token out past when it was
+    due (its event loop's lag on a busy machine, another harness cost); ``rtt_ms`` the topology's
+    RTT between the client's region and the node's.
+    The bound (``simulator.fleet.Fleet.record_oracle``) is ``bound_rtt_ms`` + ``bound_compute_ms``
+    (one step + the prefill of what its node lacked), with no queue.
+    """
+
+    rtt_ms: float
+    intake_ms: float
+    queue_ms: float
+    prefill_ms: float
+    lag_ms: float
+    bound_rtt_ms: float
+    bound_compute_ms: float
+
+
+# Where a request's TTFT goes (``attribute``): the four terms add up to the client's TTFT.
+TERMS = ("rtt", "intake", "queue", "prefill", "lag", "other")
+
+
 class RunOutputLike(Protocol):
     results: list[RequestResult]
     warmup_requests: int
@@ -69,6 +97,7 @@ class RunOutputLike(Protocol):
     records: list[RequestRecord]
     oracle_ms: dict[int, float]
     peer_state: dict[str, Any] | None
+    served: dict[int, Served]
 
 
 @dataclass
@@ -117,6 +146,9 @@ class RunFigures:
     oracle_p99_ms: float | None = None
     # gorgo-lb: per adapter region, the weights it ended with and its ES tuner's steps
     gorgo_lb: dict[str, Any] | None = None
+    # Where the TTFT of the measured successful requests went, and their gap to the bound
+    # (``attribute``); None when the fleet logged no service times
+    attribution: dict[str, Any] | None = None
     ttfts_ms: list[float] = field(default_factory=list, repr=False)  # for the CDF; not in the JSON
 
     def to_json(self) -> dict[str, Any]:
@@ -183,8 +215,58 @@ def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigu
         oracle_p50_ms=percentile(bounds, 50),
         oracle_p99_ms=percentile(bounds, 99),
         gorgo_lb=output.peer_state,
+        attribution=attribute(ok, output.served),
         ttfts_ms=ttfts,
     )
+
+
+def attribute(ok: list[RequestResult], served: Mapping[int, Served]) -> dict[str, Any] | None:
+    """Each request's TTFT split into RTT, queue, prefill and other, and its gap to the bound.
+
+    Per request: ``ttft = rtt + intake + queue + prefill + lag + other``, where ``other`` is what
+    the client measured beyond the node's own log and the network: the gateway's work, the loopback
+    hops, the WAN emulator's jitter, the client's own lag. Its gap to the oracle bound splits the
+    same way: ``rtt - bound rtt`` (a farther node than the bound's), all of ``intake``, ``queue``
+    and ``lag`` (the bound has none), ``prefill - bound compute`` (less cached than the bound's
+    node had, or prefill steps shared with a busy batch), and ``other``. Means add up, so the table gives means over the
+    measured requests, and the same at the median (the requests between the TTFT's 45th and 55th
+    percentiles), where p50 targets are decided.
+    """
+    rows = []
+    for result in ok:
+        at = served.get(result.index)
+        if at is None or result.ttft_ms is None:
+            continue
+        other = result.ttft_ms - at.rtt_ms - at.intake_ms - at.queue_ms - at.prefill_ms - at.lag_ms
+        bound = at.bound_rtt_ms + at.bound_compute_ms
+        terms = (at.rtt_ms, at.intake_ms, at.queue_ms, at.prefill_ms, at.lag_ms, other)
+        gap = (
+            at.rtt_ms - at.bound_rtt_ms,
+            at.intake_ms,
+            at.queue_ms,
+            at.prefill_ms - at.bound_compute_ms,
+            at.lag_ms,
+            other,
+        )
+        rows.append((result.ttft_ms, bound, terms, gap))
+    if not rows:
+        return None
+    rows.sort(key=lambda row: row[0])
+    low, high = percentile([row[0] for row in rows], 45), percentile([row[0] for row in rows], 55)
+    middle = [row for row in rows if low is not None and high is not None and low <= row[0] <= high] or rows
+
+    def means(picked: list[Any]) -> dict[str, float]:
+        count = len(picked)
+        figures = {
+            "ttft_ms": sum(row[0] for row in picked) / count,
+            "bound_ms": sum(row[1] for row in picked) / count,
+        }
+        for position, term in enumerate(TERMS):
+            figures[f"{term}_ms"] = sum(row[2][position] for row in picked) / count
+            figures[f"gap_{term}_ms"] = sum(row[3][position] for row in picked) / count
+        return figures
+
+    return {"requests": len(rows), "mean": means(rows), "median_band": means(middle)}
 
 
 def _cross_share(results: list[RequestResult], node_regions: Mapping[str, str]) -> float | None:
@@ -522,6 +604,7 @@ def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], ch
                 cells.append(f"{_spread_ms(value)} ({'-' if cross is None else f'{cross.median:.0f}%'})")
             lines.append(f"| {policy} | " + " | ".join(cells) + " |")
         lines += _displacement_lines(policies, regions)
+        lines += _attribution_lines(policies, order)
         lines += _tuner_lines(policies)
         gorgo = policies.get("gorgo")
         if gorgo:
@@ -594,6 +677,42 @@ def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[
                 ]
             )
             cells.append(f"{_spread_ms(value)} ({'-' if abroad is None else f'{abroad.median:.0f}%'})")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _attribution_lines(policies: Mapping[str, list[RunFigures]], order: list[str]) -> list[str]:
+    """Where each policy's TTFT goes, and what separates it from the oracle bound (``attribute``)."""
+    rows = [policy for policy in order if any(f.attribution for f in policies[policy])]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Where the time goes (``attribute``: per measured request, TTFT = RTT + intake (the emulated "
+        "node reading, parsing and tokenizing it) + queue at the node + prefill to the first token + "
+        "lag (how late the emulator's busy process wrote that token out) + other (gateway, hops, "
+        "jitter, the client's own lag); intake and lag are this harness's costs on a shared machine. "
+        "Its gap to the oracle bound splits the same way: the bound has no intake, queue or lag, and "
+        "its node's RTT and cache are the best the fleet had). "
+        "Means in ms over the requests at the median (45th to 55th percentile of TTFT) and, after the "
+        "slash, over all measured requests; medians over seeds:",
+        "",
+        "| policy | TTFT | bound | RTT | intake | queue | prefill | lag | other | gap: RTT | gap: prefill |",
+        "|---|" + "---:|" * 10,
+    ]
+    # The gap's intake, queue, lag and other are the terms themselves (the bound has none of them).
+    columns = ("ttft_ms", "bound_ms", *(f"{t}_ms" for t in TERMS), "gap_rtt_ms", "gap_prefill_ms")
+    for policy in rows:
+        cells = []
+        for column in columns:
+            band = over_seeds(
+                policies[policy],
+                lambda f, c=column: f.attribution["median_band"][c] if f.attribution else None,
+            )
+            mean = over_seeds(
+                policies[policy], lambda f, c=column: f.attribution["mean"][c] if f.attribution else None
+            )
+            cells.append("-" if band is None or mean is None else f"{band.median:,.0f} / {mean.median:,.0f}")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return lines
 

@@ -7,7 +7,9 @@ A real fleet loses nodes; operators (and the demo) need to see gorgo notice and 
     POST /nodes/{name}/stop     crash the node: streams in flight are cut, its port closes
     POST /nodes/{name}/start    restart it on the same port with an empty KV cache
     GET  /oracle                each chat request's lower-bound TTFT so far (``Fleet.record_oracle``;
-                                benchmarks): {"requests": {key: [client region, ms]}}
+                                benchmarks): {"requests": {key: [client region, ms, its RTT ms,
+                                its step + prefill ms]}, "served": {key: [node, intake ms, queued ms,
+                                prefill ms, ms written late]}}
 
 and ``python -m simulator.control {list,stop,start} [NODE] [--url http://127.0.0.1:8199]`` calls it.
 The control port is not part of vLLM's interface; it only exists on emulated fleets.
@@ -51,7 +53,8 @@ async def _change(request: web.Request) -> web.Response:
 
 
 async def _oracle(request: web.Request) -> web.Response:
-    return web.json_response({"requests": request.app[_FLEET_KEY].oracle_ms})
+    fleet = request.app[_FLEET_KEY]
+    return web.json_response({"requests": fleet.oracle_ms, "served": fleet.served_ms})
 
 
 def build_app(fleet: Fleet) -> web.Application:

@@ -122,6 +122,9 @@ class SimRequest:
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
+    # How late its node's process wrote the first token out, past when it was due (the emulator's
+    # own event-loop lag on a busy machine: a harness cost; the streaming path sets it)
+    first_write_late_s: float | None = None
     last_token_s: float | None = None
     finish_reason: str | None = None
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from simulator.engine import SimRequest
 from simulator.kv_cache import hash_block
 from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
 from simulator.server import SimNode
@@ -94,8 +95,12 @@ class Fleet:
                 topology,
                 time_scale=time_scale,
             )
-        # request key -> (client region, lower-bound TTFT ms), filled while ``record_oracle`` is on
-        self.oracle_ms: dict[str, tuple[str, float]] = {}
+        # request key -> (client region, lower-bound TTFT ms, its RTT ms, its step + prefill ms),
+        # filled while ``record_oracle`` is on
+        self.oracle_ms: dict[str, tuple[str, float, float, float]] = {}
+        # request key -> (node, intake ms: its HTTP request in to the engine, queued ms, prefill ms:
+        # first scheduled to first token, late ms: how late the first token was written), the same
+        self.served_ms: dict[str, tuple[str, float, float, float, float]] = {}
 
     def record_oracle(self, on: bool = True) -> None:
         """Log, for every chat request that arrives, the fastest first token the fleet could give.
@@ -104,15 +109,36 @@ class Fleet:
         jitter) + one engine step + the prefill of the tokens that node does NOT hold in its KV
         cache right now, at its prefill speed; no queue. The minimum is the lower bound a router
         with perfect knowledge could reach (benchmarks: ``GET /oracle`` on the control API).
+        And, once its first token is out, what the request really spent at the node that served it:
+        from its HTTP request's arrival to the engine (intake: reading, parsing and tokenizing it,
+        and this bookkeeping, in the fleet's one process), from there to its first scheduled step
+        (queue), from there to its first token (prefill, in steps shared with the batch's
+        decodes), and how late the fleet's process wrote that token out, past when it was due (its
+        own event-loop lag: a harness cost, 0 when the machine keeps up).
         """
         for node in self.nodes.values():
             node.oracle = self._oracle if on else None
+            node.served = self._served if on else None
+
+    def _served(self, node: SimNode, key: str, request: SimRequest, received_s: float) -> None:
+        if len(self.served_ms) >= MAX_ORACLE_RECORDS or request.first_token_s is None:
+            return
+        scheduled_s = (
+            request.first_scheduled_s if request.first_scheduled_s is not None else request.arrival_s
+        )
+        self.served_ms[key] = (
+            node.name,
+            (request.arrival_s - received_s) * 1000.0,
+            (scheduled_s - request.arrival_s) * 1000.0,
+            (request.first_token_s - scheduled_s) * 1000.0,
+            (request.first_write_late_s or 0.0) * 1000.0,
+        )
 
     def _oracle(self, arrived_at: SimNode, prompt_ids: list[int], region: str, key: str) -> None:
         if len(self.oracle_ms) >= MAX_ORACLE_RECORDS:
             return
         region = region or arrived_at.region
-        best_ms = float("inf")
+        best_ms = best_rtt_ms = best_compute_ms = float("inf")
         for node in self.nodes.values():
             engine = node.engine
             if engine is None or not engine.alive:
@@ -131,14 +157,14 @@ class Fleet:
                     break
                 cached_blocks += 1
             cached = cached_blocks * block
-            ms = (
-                self.topology.rtt_ms(region, node.region)
-                + params.decode_step_base_ms
-                + (len(prompt_ids) - cached) * 1000.0 / params.prefill_tokens_per_s
+            rtt_ms = self.topology.rtt_ms(region, node.region)
+            compute_ms = (
+                params.decode_step_base_ms + (len(prompt_ids) - cached) * 1000.0 / params.prefill_tokens_per_s
             )
-            best_ms = min(best_ms, ms)
+            if rtt_ms + compute_ms < best_ms:
+                best_ms, best_rtt_ms, best_compute_ms = rtt_ms + compute_ms, rtt_ms, compute_ms
         if best_ms < float("inf"):
-            self.oracle_ms[key] = (region, best_ms)
+            self.oracle_ms[key] = (region, best_ms, best_rtt_ms, best_compute_ms)
 
     @classmethod
     def start(cls, topology: Topology, **options: Any) -> Fleet:

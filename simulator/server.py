@@ -57,6 +57,8 @@ _CLIENT_REGION_KEY = web.RequestKey("gorgo_client_region", str)
 # Called with (this node, prompt token ids, client region or "", request key) as each chat
 # request arrives: the fleet's lower-bound bookkeeping (``Fleet.oracle``), for benchmarks.
 OracleHook = Callable[["SimNode", list[int], str, str], None]
+# ... and, once a request's first token is out, how long it queued and prefilled (``Fleet.served``).
+ServedHook = Callable[["SimNode", str, SimRequest, float], None]
 # Headroom over vLLM's prompt limits; aiohttp's default (1 MiB) is too small for long chats.
 CLIENT_MAX_SIZE_BYTES = 64 * 1024 * 1024
 
@@ -82,6 +84,7 @@ class SimNode:
         self._bound_region_ports: dict[str, int] = {}  # kept across restarts, like bound_port
         self.wan = WANEmulator(topology, spec.name, spec.region, time_scale=time_scale)
         self.oracle: OracleHook | None = None
+        self.served: ServedHook | None = None
         self.engine: Engine | None = None
         self.metrics: NodeMetrics | None = None
         # vLLM's KV-event publisher, when the node's kv_events_config enables it; kept across
@@ -339,6 +342,7 @@ class SimNode:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        received_s = asyncio.get_running_loop().time()  # before the body is read, parsed, tokenized
         engine = self.engine
         traceparent = request.headers.get("traceparent")
         if traceparent is not None:
@@ -366,8 +370,10 @@ class SimNode:
             max_tokens = self._check_length(len(prompt_ids), requested)
             if engine is None or not engine.alive:
                 raise EngineDead
-            if self.oracle is not None and chat:
-                self.oracle(self, prompt_ids, request[_CLIENT_REGION_KEY], oracle_key(_chat_messages(parsed)))
+            logged_as = oracle_key(_chat_messages(parsed)) if self.oracle is not None and chat else None
+            if logged_as is not None:
+                assert self.oracle is not None
+                self.oracle(self, prompt_ids, request[_CLIENT_REGION_KEY], logged_as)
             sim_request = engine.add_request(
                 f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 prompt_ids,
@@ -387,6 +393,8 @@ class SimNode:
                 return await self._stream(request, sim_request, chat=chat, include_usage=include_usage)
             return await self._respond(request, sim_request, chat=chat)
         finally:
+            if logged_as is not None and self.served is not None and sim_request.first_token_s is not None:
+                self.served(self, logged_as, sim_request, received_s)
             if not sim_request.finished:
                 engine.abort(sim_request)
 
@@ -465,8 +473,11 @@ class SimNode:
 
         channel = sim_request.channel
         parts: list[bytes] = [renderer.role()] if chat else []
+        due_s: float | None = None  # when the first token was due at the client's end of the link
         while True:
             event = await channel.get()
+            if due_s is None and event is not ENGINE_DEAD:
+                due_s = event.at_s + out_delay_s
             finish_reason = None
             while True:
                 if event is ENGINE_DEAD:
@@ -500,11 +511,20 @@ class SimNode:
                         )
                     )
                 parts.append(renderer.done())
+                self._note_first_write(sim_request, due_s, loop)
                 await response.write(b"".join(parts))
                 await response.write_eof()
                 return response
+            self._note_first_write(sim_request, due_s, loop)
             await response.write(b"".join(parts))
             parts = []
+
+    @staticmethod
+    def _note_first_write(
+        sim_request: SimRequest, due_s: float | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        if sim_request.first_write_late_s is None and due_s is not None:
+            sim_request.first_write_late_s = max(0.0, loop.time() - due_s)
 
 
 def oracle_key(messages: list[dict[str, str]]) -> str:

@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
+TERMS = ("rtt", "intake", "queue", "prefill", "lag", "other")  # routing_quality_report.TERMS
 FIGURES = (
     "ttft_p50_ms",
     "ttft_p90_ms",
@@ -70,6 +71,19 @@ def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_ur
         assert sum(region["requests"] for region in figures["by_region"].values()) == 150
         # The oracle bound: at least the intra-region RTT, never more than what was measured.
         assert 1.5 <= figures["oracle_p50_ms"] <= figures["ttft_p50_ms"]
+        # Where the time goes: per request the terms add up to the TTFT the client measured, and
+        # the gap to the bound adds up to TTFT minus bound (issue 24: attribute the gap).
+        attribution = figures["attribution"]
+        assert attribution["requests"] == 150
+        for part in ("mean", "median_band"):
+            terms = attribution[part]
+            assert sum(terms[f"{t}_ms"] for t in TERMS) == pytest.approx(terms["ttft_ms"], abs=0.5)
+            gap = sum(terms[f"gap_{t}_ms"] for t in TERMS)
+            assert gap == pytest.approx(terms["ttft_ms"] - terms["bound_ms"], abs=0.5)
+            assert (
+                min(terms["intake_ms"], terms["queue_ms"], terms["lag_ms"]) >= 0 and terms["prefill_ms"] > 0
+            )
+            assert terms["rtt_ms"] >= 1.5
         gateway = figures["gateway"]
         # Every request of the run (warm-up included) was logged, none as a client disconnect.
         assert gateway["records"] == figures["requests"] + figures["warmup_requests"]
@@ -86,6 +100,7 @@ def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_ur
     markdown = out.with_suffix(".md").read_text()
     assert "## geo-chat" in markdown and "| **gorgo** |" in markdown
     assert "ap-northeast 1 node / 40% of clients" in markdown and "Displacement" in markdown
+    assert "Where the time goes" in markdown
     assert out.with_suffix(".png").stat().st_size > 10_000
 
 

@@ -3,6 +3,7 @@ the fleet's oracle bound (the fastest first token any node could give a request 
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import httpx
@@ -90,19 +91,24 @@ async def test_the_oracle_is_rtt_plus_the_prefill_of_what_the_best_node_lacks(
             assert first.status_code == 200
             cold = (await http.get(f"http://127.0.0.1:{port}/oracle")).json()["requests"]
             key = oracle_key_of(text, 1)
-            region, cold_ms = cold[key]
+            region, cold_ms, cold_rtt_ms, cold_compute_ms = cold[key]
             prompt_tokens = first.json()["usage"]["prompt_tokens"]
             step_ms = fleet.node("node-a").params.decode_step_base_ms
             # Nothing cached anywhere: the local node, its RTT, one step and the whole prefill.
             assert region == "near"
             assert cold_ms == pytest.approx(1.0 + step_ms + prompt_tokens / 10.0, rel=0.01)
+            assert (cold_rtt_ms, cold_compute_ms) == pytest.approx(
+                (1.0, step_ms + prompt_tokens / 10.0), rel=0.01
+            )
 
             # Sent again from far away: node-a now holds the prompt, but it is FAR_RTT_MS away;
             # node-b is next door and holds nothing. The bound is the better of the two.
             await http.post(
                 f"{fleet.url('node-b')}/v1/chat/completions", json=body, headers={"X-Gorgo-Region": "far"}
             )
-            region, warm_ms = (await http.get(f"http://127.0.0.1:{port}/oracle")).json()["requests"][key]
+            region, warm_ms, _, _ = (await http.get(f"http://127.0.0.1:{port}/oracle")).json()["requests"][
+                key
+            ]
             cached_tokens = (prompt_tokens - 1) // 16 * 16
             via_a = FAR_RTT_MS + step_ms + (prompt_tokens - cached_tokens) / 10.0
             via_b = 1.0 + step_ms + prompt_tokens / 10.0
@@ -110,3 +116,38 @@ async def test_the_oracle_is_rtt_plus_the_prefill_of_what_the_best_node_lacks(
             assert warm_ms == pytest.approx(min(via_a, via_b), rel=0.01)
     finally:
         await control.cleanup()
+
+
+async def test_the_fleet_logs_what_each_request_spent_queued_and_prefilling(make_fleet: FleetFactory) -> None:
+    # The routing benchmark splits each request's TTFT against the bound (issue 24): the node that
+    # served it, its way into the engine, the wait for its first step, and its prefill up to the
+    # first token.
+    fleet = await make_fleet(only=["node-a"], prefill_tokens_per_s=10_000.0)
+    fleet.record_oracle()
+    port = free_port()
+    control = await serve_control(fleet, "127.0.0.1", port)
+    texts = [f"request {index} " + "words " * 600 for index in range(3)]
+    try:
+        async with httpx.AsyncClient(timeout=30.0) as http:
+
+            async def send(text: str) -> httpx.Response:
+                body = {"model": fleet.node("node-a").model, "messages": [{"role": "user", "content": text}]}
+                return await http.post(
+                    f"{fleet.url('node-a')}/v1/chat/completions", json={**body, "max_tokens": 2}
+                )
+
+            # Three at once: the engine prefills them in turn (its token budget), so some wait.
+            answers = await asyncio.gather(*(send(text) for text in texts))
+            assert all(answer.status_code == 200 for answer in answers)
+            served = (await http.get(f"http://127.0.0.1:{port}/oracle")).json()["served"]
+    finally:
+        await control.cleanup()
+    entries = [served[oracle_key_of(text, 1)] for text in texts]
+    assert {node for node, *_ in entries} == {"node-a"}
+    prompt_tokens = answers[0].json()["usage"]["prompt_tokens"]
+    for _, intake_ms, queued_ms, prefill_ms, late_ms in entries:
+        assert min(intake_ms, queued_ms, late_ms) >= 0
+        assert prefill_ms >= prompt_tokens / 10.0 * 0.9  # at least its own prefill at 10 tokens/ms
+    assert (
+        max(queued_ms + prefill_ms for _, _, queued_ms, prefill_ms, _ in entries) > 2 * prompt_tokens / 10.0
+    )
