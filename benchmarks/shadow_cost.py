@@ -44,9 +44,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = ROOT / "benchmarks" / "results"
 REGIONS = ("us-east", "eu-central", "ap-south")
 RTT_MS = {"us-east": 1.5, "eu-central": 88.0, "ap-south": 235.0}  # from us-east, default topology
@@ -73,6 +73,15 @@ def pairs() -> list[tuple[str, str, str, dict, str, dict]]:
 
 def measure_all(iterations: int) -> list[dict]:
     """Every (size, pair) row in this process, with the code on ``sys.path``."""
+    import asyncio
+
+    return asyncio.run(_measure_all(iterations))
+
+
+async def _measure_all(iterations: int) -> list[dict]:
+    """In a running loop (the gateway's parts are built in one) but timed without awaiting: the
+    real ``Proxy`` (compiled or not) with its real in-flight book, index and request log; nothing
+    here touches the network."""
     import msgspec
 
     from routing.algorithms import REGISTRY
@@ -81,8 +90,15 @@ def measure_all(iterations: int) -> list[dict]:
     from routing.cache.kv_aware_index import KVAwareIndex
     from routing.cache.kv_events.manager import KVEvents
     from routing.cache.prompt import parse_body
-    from routing.contract import PolicySpec, TrialSpec
+    from routing.config import GatewayConfig
+    from routing.contract import PolicySpec, RedisKeys, TrialSpec
+    from routing.http.upstream import UpstreamClient
+    from routing.observability.exporter import GatewayMetrics
+    from routing.observability.request_log import RequestLog
+    from routing.proxy.exchange import Exchange
     from routing.proxy.handler import Proxy
+    from routing.state.inflight import InFlight
+    from routing.state.policy_store import PolicyStore, make_redis
     from routing.state.table import build_table
     from simulator.snapshots import MODEL, make_node, make_snapshot
 
@@ -93,19 +109,31 @@ def measure_all(iterations: int) -> list[dict]:
         def record_prefix_hashes(exchange):
             return tuple(chunk_hashes(exchange.parsed.prompt_text)[:512])
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(HERE))
     from gateway_overhead import CHAT_BODY
 
     rng = random.Random(23)
     shared = "".join(rng.choice("abcdefghij klmnop") for _ in range(6_000))
-    long_prompts = [shared + "".join(rng.choice("qrstuvwxyz ") for _ in range(2_000)) for _ in range(PROMPTS)]
-    # The gateway parses each request anew: a new string object per request here too.
-    short_prompts = [parse_body("chat", CHAT_BODY).prompt_text for _ in range(PROMPTS)]
+
+    def chat(text: str) -> bytes:
+        return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}]}).encode()
+
+    # Parsed as the gateway parses each request: a new prompt string per request.
+    long_bodies = [
+        parse_body("chat", chat(shared + "".join(rng.choice("qrstuvwxyz ") for _ in range(2_000))))
+        for _ in range(PROMPTS)
+    ]
+    short_bodies = [parse_body("chat", CHAT_BODY) for _ in range(PROMPTS)]
     clock = time.thread_time_ns  # this thread's CPU, not the wall clock (other processes share the cores)
+    config = GatewayConfig(region="us-east", gateway_id="shadow-cost")
+    redis = make_redis(config.redis_url)  # never connects: nothing here awaits it
+    keys = RedisKeys(prefix="gorgobench-shadow-cost")
+    client = UpstreamClient(connect_timeout_s=1.0, read_timeout_s=1.0, keepalive_s=60.0)
     rows = []
     for kind, nodes_count in ((kind, size) for kind in PROMPT_KINDS for size in SIZES):
-        prompts = short_prompts if kind == "benchmark" else long_prompts
-        request = RoutingRequest(MODEL, len(prompts[0]), max(1, len(prompts[0]) // 4), "session-1")
+        bodies = short_bodies if kind == "benchmark" else long_bodies
+        chars = bodies[0].prompt_chars
+        request = RoutingRequest(MODEL, chars, max(1, chars // 4), "session-1")
         nodes = tuple(make_node(i + 1, region=REGIONS[i % 3]) for i in range(nodes_count))
         rtt = {node.id: RTT_MS[node.region] for node in nodes}
         load = {node.id: NodeLoad(rng.randint(0, 12), rng.randint(0, 20_000)) for node in nodes}
@@ -125,40 +153,41 @@ def measure_all(iterations: int) -> list[dict]:
             assert on_table.shadow is not None
             index = KVAwareIndex(ApproxPrefixIndex(), KVEvents())
             for node_id in holders:
-                index.approx.insert(node_id, shared)
-            proxy = SimpleNamespace(
-                _cache_index=index,
-                _inflight=SimpleNamespace(load_view=lambda load=load: load),
-                _sequence=0,
-                _ids_of=((), ()),
-                _gateway_id="gw",
+                index.approx.insert(node_id, parse_body("chat", chat(shared)).prompt_text)
+            inflight = InFlight("us-east")
+            inflight.set_peer_load(load)  # as if the other gateways reported it
+            proxy = Proxy(
+                config,
+                client,
+                PolicyStore(redis, keys, "us-east", REGISTRY),
+                inflight,
+                RequestLog(redis, keys, maxlen=1000, pending_max=1000, flush_interval_s=60.0),
+                GatewayMetrics(),
+                index,
             )
-            route = Proxy._route
+            route = proxy._route
             candidates = on_table.candidates[MODEL]
 
-            def one(
-                table, prompt: str, route=route, proxy=proxy, candidates=candidates, request=request
-            ) -> int:
-                exchange = SimpleNamespace(
-                    shadow=None, prefix_hashes=None, parsed=SimpleNamespace(prompt_text=prompt)
-                )
+            def one(table, parsed, route=route, candidates=candidates, request=request) -> int:
+                exchange = Exchange(0.0, 0.0, table)
+                exchange.parsed = parsed
                 start = clock()
-                route(proxy, table, candidates, request, prompt, None, None, exchange)  # type: ignore[arg-type]
+                route(table, candidates, request, parsed.prompt_text, None, None, exchange)
                 record_prefix_hashes(exchange)
                 return clock() - start
 
             # Every call gets another prompt string than the call before: the index hashes a prompt
             # once per request (match, then insert) and would reuse the previous call's hashes.
             for sequence in range(300):  # warm up
-                one(off_table, prompts[(2 * sequence) % PROMPTS])
-                one(on_table, prompts[(2 * sequence + 1) % PROMPTS])
+                one(off_table, bodies[(2 * sequence) % PROMPTS])
+                one(on_table, bodies[(2 * sequence + 1) % PROMPTS])
             gc.collect()
             gc.disable()
             try:
                 off_ns, on_ns = [], []
                 for sequence in range(iterations):
-                    off_ns.append(one(off_table, prompts[(2 * sequence) % PROMPTS]))
-                    on_ns.append(one(on_table, prompts[(2 * sequence + 1) % PROMPTS]))
+                    off_ns.append(one(off_table, bodies[(2 * sequence) % PROMPTS]))
+                    on_ns.append(one(on_table, bodies[(2 * sequence + 1) % PROMPTS]))
             finally:
                 gc.enable()
             off_p50 = statistics.median(off_ns) / 1000
