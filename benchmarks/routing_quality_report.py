@@ -743,7 +743,8 @@ NOTES = """
   nodes, through the nodes' per-region ports so it pays the same WAN). The regional baseline is what
   operators deploy today, geo-DNS plus a cache-aware router per region over its own nodes:
   `vllm-router@local` (one per region over that region's nodes; geo-DNS failover repoints the
-  region's clients to the nearest other region while its nodes are down) and
+  region's clients to the nearest other region's router while its nodes are down, through a
+  delay proxy at the RTT between the two regions) and
   `prefix_affinity@local` (gorgo's gateways, `scope: local`: abroad only when no local node is
   healthy). `gorgo` runs with its defaults (which price the wait a forward adds for the receiving
   region's clients); `gorgo@greedy` leaves that out (`w_displacement` 0), on the overflow
