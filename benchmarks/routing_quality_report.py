@@ -6,7 +6,8 @@ Used by ``benchmarks/routing_quality.py``; no processes or I/O besides writing t
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,6 +15,8 @@ from typing import Any, Protocol
 from routing.contract import ALGORITHMS, RequestRecord
 from simulator.traffic.report import percentile
 from simulator.traffic.runner import RequestResult
+
+NO_ANSWER = math.inf  # the TTFT of a measured request that got no first token
 
 PEER = "vllm-router"
 PEER_LOCAL = "vllm-router@local"
@@ -102,7 +105,10 @@ class RunOutputLike(Protocol):
 
 @dataclass
 class RegionFigures:
-    """What the clients of one region saw, and what its nodes took in from abroad."""
+    """What the clients of one region saw, and what its nodes took in from abroad.
+
+    TTFT percentiles over every measured request of the region, as ``RunFigures``'s: one that got
+    no first token counts as infinitely slow."""
 
     requests: int
     errors: int
@@ -116,9 +122,14 @@ class RegionFigures:
 
 @dataclass
 class RunFigures:
-    """One (workload, policy) run after its warm-up. TTFT percentiles cover successful requests.
+    """One (workload, policy) run after its warm-up.
 
-    ``errors`` counts every failed request, warm-up included, so no failure hides there.
+    TTFT percentiles cover every measured request: one that got no first token (refused, a 5xx,
+    dropped before its first token, timed out) counts as TTFT = +inf (``NO_ANSWER``), so a policy
+    cannot improve its percentiles by failing its slowest requests (a region's requests during an
+    outage); a request that failed after its first token counts with the TTFT it had. A percentile
+    that falls on a failure is +inf (``inf`` in the markdown, ``null`` in the JSON). ``errors``
+    counts every failed request, warm-up included, so no failure hides there.
     """
 
     requests: int  # measured (after the warm-up)
@@ -149,7 +160,8 @@ class RunFigures:
     # Where the TTFT of the measured successful requests went, and their gap to the bound
     # (``attribute``); None when the fleet logged no service times
     attribution: dict[str, Any] | None = None
-    ttfts_ms: list[float] = field(default_factory=list, repr=False)  # for the CDF; not in the JSON
+    # every measured request's TTFT (+inf: no first token), for the CDF; not in the JSON
+    ttfts_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,11 +169,36 @@ class RunFigures:
         return _rounded(data)
 
 
+def measured_ttft_ms(result: RequestResult) -> float:
+    """A request's TTFT for the percentiles: +inf when no first token came (it failed before)."""
+    return result.ttft_ms if result.ttft_ms is not None else NO_ANSWER
+
+
+def ttft_percentile(values: Sequence[float], q: float) -> float | None:
+    """``percentile`` over TTFTs where +inf stands for a request that got no first token.
+
+    Linear interpolation between ranks, as ``percentile``; a rank next to a failure is +inf
+    (interpolating towards infinity), and None only when there are no requests at all.
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    if low == high or ordered[low] == ordered[high]:
+        return ordered[low]
+    if math.isinf(ordered[high]):
+        return NO_ANSWER
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
 def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigures:
     everything = output.results
     results = [r for r in everything if r.index >= output.warmup_requests]
     ok = [r for r in results if r.ok and r.ttft_ms is not None]
-    ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    answered = [r for r in results if r.ttft_ms is not None]  # a first token came (maybe no more)
+    ttfts = [measured_ttft_ms(r) for r in results]
     node_regions = output.node_regions
     queries = sum(c["queries"] for c in output.node_counters.values())
     hits = sum(c["hits"] for c in output.node_counters.values())
@@ -176,28 +213,30 @@ def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigu
     for region in sorted({r.client_region for r in results}, key=_region_key):
         mine = [r for r in results if r.client_region == region]
         mine_ok = [r for r in ok if r.client_region == region]
-        values = [r.ttft_ms for r in mine_ok if r.ttft_ms is not None]
+        values = [measured_ttft_ms(r) for r in mine]
         served = [r for r in ok if r.node is not None and node_regions.get(r.node) == region]
         by_region[region] = RegionFigures(
             requests=len(mine),
             errors=len(mine) - len(mine_ok),
-            ttft_p50_ms=percentile(values, 50),
-            ttft_p90_ms=percentile(values, 90),
-            ttft_p99_ms=percentile(values, 99),
+            ttft_p50_ms=ttft_percentile(values, 50),
+            ttft_p90_ms=ttft_percentile(values, 90),
+            ttft_p99_ms=ttft_percentile(values, 99),
             cross_region_share=_cross_share(mine_ok, node_regions),
-            oracle_p50_ms=percentile([oracle[r.index] for r in mine_ok if r.index in oracle], 50),
+            oracle_p50_ms=percentile(
+                [oracle[r.index] for r in answered if r.client_region == region and r.index in oracle], 50
+            ),
             served_from_abroad=(
                 sum(1 for r in served if r.client_region != region) / len(served) if served else None
             ),
         )
-    bounds = [oracle[r.index] for r in ok if r.index in oracle]
+    bounds = [oracle[r.index] for r in answered if r.index in oracle]
     return RunFigures(
         requests=len(results),
         warmup_requests=len(everything) - len(results),
         errors=sum(1 for r in everything if not (r.ok and r.ttft_ms is not None)),
-        ttft_p50_ms=percentile(ttfts, 50) or 0.0,
-        ttft_p90_ms=percentile(ttfts, 90) or 0.0,
-        ttft_p99_ms=percentile(ttfts, 99) or 0.0,
+        ttft_p50_ms=ttft_percentile(ttfts, 50) or 0.0,
+        ttft_p90_ms=ttft_percentile(ttfts, 90) or 0.0,
+        ttft_p99_ms=ttft_percentile(ttfts, 99) or 0.0,
         prefix_hit_rate=hits / queries if queries else 0.0,
         cross_region_share=_cross_share(ok, node_regions) or 0.0,
         prefill_utilization=computed / capacity if capacity else 0.0,
@@ -252,8 +291,8 @@ def attribute(ok: list[RequestResult], served: Mapping[int, Served]) -> dict[str
     if not rows:
         return None
     rows.sort(key=lambda row: row[0])
-    low, high = percentile([row[0] for row in rows], 45), percentile([row[0] for row in rows], 55)
-    middle = [row for row in rows if low is not None and high is not None and low <= row[0] <= high] or rows
+    last = len(rows) - 1  # the band by rank, so it is never empty: 45 % to 55 % of the way up
+    middle = rows[math.floor(0.45 * last) : math.ceil(0.55 * last) + 1]
 
     def means(picked: list[Any]) -> dict[str, float]:
         count = len(picked)
@@ -321,6 +360,8 @@ def _gateway_ms_by_region(records: list[RequestRecord]) -> dict[str, dict[str, f
 
 def _rounded(value: Any) -> Any:
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None  # JSON has no infinity: a percentile that fell on failed requests
         return round(value, 4 if abs(value) < 10 else 1)
     if isinstance(value, dict):
         return {key: _rounded(item) for key, item in value.items()}
@@ -387,7 +428,10 @@ def evaluate_targets(runs: Runs) -> list[dict[str, Any]]:
     targets: list[dict[str, Any]] = []
 
     def add(scenario: str, name: str, gorgo_ms: float, against: str, against_ms: float, limit: float) -> None:
-        ratio = gorgo_ms / against_ms if against_ms else float("inf")
+        if math.isinf(gorgo_ms) and math.isinf(against_ms):
+            ratio = 1.0  # both percentiles fell on failed requests: neither is ahead
+        else:
+            ratio = gorgo_ms / against_ms if against_ms else float("inf")
         targets.append(
             {
                 "workload": scenario,
@@ -475,13 +519,10 @@ def write_outputs(out: Path, meta: dict[str, Any], runs: Runs) -> list[Path]:
             }
             for scenario in runs
         },
-        "targets": [
-            {**t, "limit_ratio": None if t["limit_ratio"] == float("inf") else t["limit_ratio"]}
-            for t in targets
-        ],
+        "targets": [_rounded(t) for t in targets],  # an infinite limit (reported only): null
     }
     json_path = out.with_suffix(".json")
-    json_path.write_text(json.dumps(document, indent=1) + "\n")
+    json_path.write_text(json.dumps(_finite(document), indent=1, allow_nan=False) + "\n")
     md_path = out.with_suffix(".md")
     md_path.write_text(markdown(meta, runs, targets, out.with_suffix(".png").name))
     paths = [json_path, md_path]
@@ -489,6 +530,17 @@ def write_outputs(out: Path, meta: dict[str, Any], runs: Runs) -> list[Path]:
     if plot_cdfs(png_path, runs):
         paths.append(png_path)
     return paths
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None (JSON has no infinity), nothing else changed."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _ms(value: float | None) -> str:
@@ -526,7 +578,11 @@ def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], ch
         f"`{meta['command']}` on {meta['machine']}, {meta['date']}; {meta['duration_s']:.0f} s in all; "
         f"{meta['requests_per_run']:,} measured requests per run, seeds {', '.join(map(str, seeds))} "
         f"(every figure: median over the seeds, the range in brackets), answers of at most "
-        f"{meta['max_tokens']} tokens. TTFT: request sent by the client to first content token, in ms.",
+        f"{meta['max_tokens']} tokens. TTFT: request sent by the client to first content token, in ms. "
+        "Every percentile counts every measured request: one that got no first token (refused, "
+        "failed, cut off before it) counts as TTFT = inf, so failing a request never lowers a "
+        "percentile; a figure shown as inf fell on such requests, and `errors` counts them (and "
+        "those cut off after their first token, which count with the TTFT they had).",
         "",
     ]
     if meta.get("quick"):
@@ -747,7 +803,8 @@ def _tuner_lines(policies: Mapping[str, list[RunFigures]]) -> list[str]:
 
 
 def plot_cdfs(path: Path, runs: Runs) -> bool:
-    """One subplot per scenario: the TTFT CDF of every policy, seeds pooled (log time axis)."""
+    """One subplot per scenario: the TTFT CDF of every policy, seeds pooled (log time axis); a
+    policy's failed requests never reach a first token, so its curve ends below 1 by their share."""
     try:
         import matplotlib
 
@@ -761,10 +818,12 @@ def plot_cdfs(path: Path, runs: Runs) -> bool:
     figure, axes = plt.subplots(1, len(scenarios), figsize=(5.2 * len(scenarios), 4.2), squeeze=False)
     for axis, scenario in zip(axes[0], scenarios, strict=True):
         for policy in sorted(runs[scenario], key=_policy_key):
-            values = sorted(v for f in runs[scenario][policy] for v in f.ttfts_ms)
+            pooled = [v for f in runs[scenario][policy] for v in f.ttfts_ms]
+            # Failed requests (+inf) stay in the denominator: the curve tops out below 1.
+            values = sorted(v for v in pooled if math.isfinite(v))
             if not values:
                 continue
-            fractions = [(index + 1) / len(values) for index in range(len(values))]
+            fractions = [(index + 1) / len(pooled) for index in range(len(values))]
             axis.step(
                 values,
                 fractions,
@@ -803,7 +862,8 @@ NOTES = """
   nodes, through the nodes' per-region ports so it pays the same WAN). The regional baseline is what
   operators deploy today, geo-DNS plus a cache-aware router per region over its own nodes:
   `vllm-router@local` (one per region over that region's nodes; geo-DNS failover repoints the
-  region's clients to the nearest other region while its nodes are down) and
+  region's clients to the nearest other region's router while its nodes are down, through a
+  delay proxy at the RTT between the two regions) and
   `prefix_affinity@local` (gorgo's gateways, `scope: local`: abroad only when no local node is
   healthy). `gorgo` runs with its defaults (which price the wait a forward adds for the receiving
   region's clients); `gorgo@greedy` leaves that out (`w_displacement` 0), on the overflow

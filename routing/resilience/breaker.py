@@ -11,6 +11,9 @@ fail gets no client request until the gateway's own probe (``routing/resilience/
 - open: no requests for ``open_s``; then a probe is due.
 - half-open: the probe runs. Success closes the breaker; failure opens it again for twice as
   long, up to ``max_open_s``.
+- ``recovered``: someone else saw the node answer again (telemetry's health check, which had
+  marked it down): its probe is due at once instead of at the end of its wait, which has doubled
+  up to ``max_open_s`` (a minute) by the time a long outage ends. The probe still decides.
 
 Pure bookkeeping on the event loop: no I/O, no locks; time comes in as arguments. The request
 path reads one attribute (``blocked``), rebuilt on every transition.
@@ -71,6 +74,12 @@ class Breakers:
         node.state = OPEN
         node.open_until = now_s + node.open_s
         self._update_blocked()
+
+    def recovered(self, node_id: int, now_s: float) -> None:
+        """The node is reported answering again: make its probe due now (if it waits for one)."""
+        node = self._nodes.get(node_id)
+        if node is not None and node.state == OPEN and node.open_until > now_s:
+            node.open_until = now_s
 
     def due_probes(self, now_s: float) -> list[int]:
         """Open nodes whose wait is over; they become half-open while the caller probes them."""

@@ -4,6 +4,12 @@
   due and probes each in a task of its own. Any HTTP answer below 500 closes the breaker (the node
   is up; what it thinks of ``/health`` is telemetry's business); no answer opens it again for
   longer. So no client request is spent on finding out whether a failed node came back.
+- Telemetry's word as a hint: a node the live state marked unhealthy and then healthy again (its
+  health check found it answering) is back, and its open breaker is probed at the next tick, not
+  when its doubling wait ends (up to ``breaker_max_open_s``, a minute by the end of a long
+  outage). Without it a region's gateways kept its clients abroad ~2.4 s after its nodes came
+  back (region-outage, 2026-11-26). A healthy entry alone is no news (it may predate the
+  failure); only the flip counts, once per flip. The probe still decides.
 - Suspects (``HungWatch``): a non-streaming request's node answers only when the whole completion
   is done, so silence proves nothing by itself. After the first-byte timeout the gateway asks the
   node's ``/health``; a node that does not answer that either is hung: the request is taken back
@@ -15,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from routing.background import sleep_unless, stop_tasks
+from routing.contract import NodeLiveState
 from routing.deadlines import Deadline, FixedDelay
 from routing.http.upstream import UpstreamClient, UpstreamError, make_target
 from routing.resilience.breaker import Breakers
@@ -45,6 +52,8 @@ class NodeProber:
         self._task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
         self._suspects: dict[int, asyncio.Future[bool]] = {}
+        self.down_in_telemetry: set[int] = set()  # nodes whose live entry says unhealthy
+        self._live_seen: object = None  # the live mapping last followed (tables share it until it changes)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="gorgo-node-probe")
@@ -56,10 +65,13 @@ class NodeProber:
 
     async def _loop(self) -> None:
         while not await sleep_unless(self._closing, self._interval_s):
-            due = self._breakers.due_probes(time.monotonic())
+            now_s = time.monotonic()
+            table = self._table()
+            if table is not None:
+                self.follow_live(table.live, now_s)
+            due = self._breakers.due_probes(now_s)
             if not due:
                 continue
-            table = self._table()
             urls = table.base_urls if table is not None else {}
             for node_id in due:
                 url = urls.get(node_id)
@@ -69,6 +81,22 @@ class NodeProber:
                 task = asyncio.create_task(self._probe(node_id, url), name=f"gorgo-probe-{node_id}")
                 self._probes.add(task)
                 task.add_done_callback(self._probes.discard)
+
+    def follow_live(self, live: Mapping[int, NodeLiveState], now_s: float) -> None:
+        """Nodes the live state saw go down and come back: hurry their probe (if their breaker is open).
+
+        A node without an entry (none yet, or gone stale) keeps what was last known of it.
+        """
+        if live is self._live_seen:
+            return
+        self._live_seen = live
+        down = self.down_in_telemetry
+        for node_id, entry in live.items():
+            if not entry.healthy:
+                down.add(node_id)
+            elif node_id in down:
+                down.discard(node_id)
+                self._breakers.recovered(node_id, now_s)
 
     async def _answers(self, base_url: str) -> bool:
         try:

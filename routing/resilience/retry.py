@@ -1,10 +1,15 @@
 """Send a request to its chosen node; before any byte came back, retry it on another.
 
-Retried: a refused connection, a connection dropped before the answer, and (streams) no response
+Retried: a refused connection, a connection dropped before the answer, (streams) no response
 headers within the first-byte timeout (vLLM sends a stream's headers at once, so silence means a
-hung node). At most ``upstream_retries`` times, within the retry budget (``breaker.RetryBudget``),
-and never once a byte went to the client: that is the relay's side. Every failure counts on the
-node's circuit breaker, so a node that keeps failing is kept out of the candidates.
+hung node), and a server-error answer (``RETRIED_STATUSES``: vLLM's 500 "The engine is dead." from
+a node going down, a 502/503/504 from whatever stands in front of it), which says nothing about
+the request and would otherwise reach the client while other nodes are fine (region-outage: the
+requests that reached a region's nodes as they stopped). At most ``upstream_retries`` times,
+within the retry budget (``breaker.RetryBudget``), and never once a byte went to the client: that
+is the relay's side. A server error with no retry left is answered as the node gave it. Every
+failure counts on the node's circuit breaker, so a node that keeps failing is kept out of the
+candidates.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ logger = logging.getLogger("routing.proxy")  # the logger name operators filter 
 
 # Given the nodes still untried, choose one of them (the proxy's routing, index and all).
 Reroute = Callable[[tuple[NodeSpec, ...]], Decision]
+# Answers another node may well not give: the node's trouble, not the request's (501, an
+# unsupported feature, would be the same everywhere).
+RETRIED_STATUSES = frozenset((500, 502, 503, 504))
 
 
 class Attempt(Protocol):
@@ -160,11 +168,28 @@ class Retrier:
                     502, f"Node {node.name} sent an invalid response.", node_name=node.name
                 ) from None
             else:
-                if response.status >= 500:
-                    breakers.failure(node.id, time.monotonic(), hard=False)
-                else:
+                if response.status < 500:
                     breakers.success(node.id)
-                return response
+                    return response
+                breakers.failure(node.id, time.monotonic(), hard=False)
+                if response.status not in RETRIED_STATUSES or len(tried) >= config.upstream_retries:
+                    return response
+                others = tuple(
+                    c for c in candidates if c is not node and c not in tried and c.id not in breakers.blocked
+                )
+                if not others or not self.budget.spend():
+                    return response
+                # Nothing of it went to the client: drop its error body, another node answers.
+                response.close()
+                attempt.lease.release()
+                attempt.lease = None
+                self._metrics.upstream_error(node.name, "status")
+                self._metrics.retry("status")
+                logger.warning("node %s answered %s; retrying", node.name, response.status)
+                tried.append(node)
+                decision = reroute(others)
+                fresh = False
+                continue
             finally:
                 if hung_watch is not None:
                     hung_watch.stop()

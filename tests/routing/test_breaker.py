@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from routing.contract import SCHEMA_VERSION, NodeLiveState
 from routing.resilience.breaker import HALF_OPEN, OPEN, Breakers, RetryBudget
+from routing.resilience.node_probe import NodeProber
+
+
+def live(node_id: int, healthy: bool) -> NodeLiveState:
+    return NodeLiveState(SCHEMA_VERSION, node_id, healthy, 0.0)
 
 
 class TestBreakers:
@@ -38,6 +46,58 @@ class TestBreakers:
             breakers.failure(2, now, hard=True)
             assert breakers.due_probes(now + open_s - 0.01) == []
             assert breakers.blocked == {2}
+
+    def test_a_node_telemetry_saw_come_back_is_probed_at_once(self):
+        breakers = Breakers(open_s=30.0)
+        breakers.failure(3, 0.0, hard=True)
+        breakers.recovered(3, 2.0)
+        assert breakers.due_probes(2.0) == [3]  # not at 30 s
+        breakers.recovered(3, 2.5)  # half-open: its probe is under way, nothing to hurry
+        assert breakers.states() == {3: HALF_OPEN}
+        breakers.recovered(4, 2.5)  # never failed here: nothing to do
+        assert breakers.states() == {3: HALF_OPEN}
+
+
+class TestProberFollowsTelemetry:
+    """A node the live state saw go down and come back: its open breaker waited up to
+    ``breaker_max_open_s`` (60 s) for its next probe (region-outage: the gateways kept their
+    region's clients abroad ~2.4 s after its nodes came back)."""
+
+    def prober(self, breakers: Breakers) -> NodeProber:
+        client: Any = None  # following the live state sends nothing
+        return NodeProber(breakers, client, lambda: None)
+
+    def test_it_probes_a_node_telemetry_saw_go_down_and_come_back(self):
+        breakers = Breakers(open_s=30.0)
+        prober = self.prober(breakers)
+        breakers.failure(1, 0.0, hard=True)
+        prober.follow_live({1: live(1, True)}, 1.0)  # healthy since before it failed here: no news
+        assert breakers.due_probes(1.0) == []
+        prober.follow_live({1: live(1, False)}, 2.0)
+        assert breakers.due_probes(2.0) == [] and prober.down_in_telemetry == {1}
+        prober.follow_live({1: live(1, True)}, 3.0)
+        assert breakers.due_probes(3.0) == [1]
+        assert prober.down_in_telemetry == set()
+
+    def test_a_steady_healthy_entry_does_not_hurry_a_failing_nodes_probes(self):
+        breakers = Breakers(open_s=5.0)
+        prober = self.prober(breakers)
+        breakers.failure(1, 0.0, hard=True)
+        for now in (1.0, 2.0, 3.0):
+            prober.follow_live({1: live(1, True)}, now)
+            assert breakers.due_probes(now) == []
+
+    def test_it_hurries_each_comeback_once_and_remembers_a_node_whose_entry_went_stale(self):
+        breakers = Breakers(open_s=30.0)
+        prober = self.prober(breakers)
+        breakers.failure(1, 0.0, hard=True)
+        prober.follow_live({1: live(1, False), 2: live(2, True)}, 1.0)
+        prober.follow_live({2: live(2, True)}, 2.0)  # node 1's entry went stale: still down
+        prober.follow_live({1: live(1, True), 2: live(2, True)}, 3.0)
+        assert breakers.due_probes(3.0) == [1]
+        breakers.failure(1, 3.0, hard=True)  # its probe failed: 60 s now
+        prober.follow_live({1: live(1, True), 2: live(2, True)}, 4.0)  # the same news again
+        assert breakers.due_probes(4.0) == []
 
 
 class TestRetryBudget:
@@ -77,3 +137,43 @@ class TestBreakersInTheGateway:
         assert int(then[0].headers["retry-after"]) > 1
         assert 'gorgo_gateway_breaker_state{node="dead"} 2.0' in metrics
         assert 'gorgo_gateway_upstream_errors_total{kind="connect",node="dead"} 1.0' in metrics
+
+    async def test_a_node_telemetry_saw_come_back_gets_requests_before_its_breaker_wait_is_over(
+        self, aredis, redis_keys, redis_url
+    ):
+        from tests.conftest import free_port
+        from tests.routing.support import (
+            MODEL,
+            gateway_config,
+            make_node,
+            make_snapshot,
+            publish,
+            publish_live,
+            running_gateway,
+        )
+        from tests.support.vllm_stub import StubNode
+        from tests.support.waiting import wait_for
+
+        port = free_port()
+        node = make_node(1, f"http://127.0.0.1:{port}", name="back")
+        await publish(aredis, redis_keys, make_snapshot((node,)))
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+        # A minute before the breaker's own probe: the node must come back through telemetry.
+        config = gateway_config(redis_keys, redis_url, node_down_cooldown_s=60)
+        async with running_gateway(config) as gateway:
+            assert (await gateway.http.post("/v1/chat/completions", json=body)).status_code == 502
+            await publish_live(aredis, redis_keys, healthy={1: False})
+            prober = gateway.app.runtime.prober
+            await wait_for(lambda: prober.down_in_telemetry == {1}, what="the prober saw it down")
+            stub = StubNode(name="back", port=port)
+            await stub.start()
+            try:
+                await publish_live(aredis, redis_keys, healthy={1: True})
+
+                async def answered() -> bool:
+                    answer = await gateway.http.post("/v1/chat/completions", json=body)
+                    return answer.status_code == 200
+
+                await wait_for(answered, timeout_s=20.0, interval_s=0.1, what="a request answered")
+            finally:
+                await stub.stop()

@@ -10,6 +10,8 @@ synchronous tests such as Django's, in a thread of its own (``start_in_thread``)
   /work/shared/fixtures/vllm_chat_stream.txt, steered per request through an extra ``stub`` object
   in the body, which the gateway forwards unchanged:
   ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200, "eof_delay_s": 0}}``.
+- ``api_status``: what every OpenAI API request gets when its ``stub`` names no status (a node
+  whose engine died answers 500).
 - ``/health``: ``health_status``, delayed by ``region_delays_ms[X-Gorgo-Region]`` (a far region).
 - ``/metrics``: ``metrics`` (text, or a function returning it), vLLM's exposition format.
 """
@@ -48,6 +50,7 @@ class StubNode:
     region_delays_ms: dict[str, float] = field(default_factory=dict)
     metrics: str | Callable[[], str] = FIXTURE_METRICS
     health_status: int = 200
+    api_status: int = 200  # the OpenAI API's answer when the request's ``stub`` names none
     seen: list[SeenRequest] = field(default_factory=list)  # OpenAI API requests, in order
     aborted: int = 0  # requests the client (the gateway) hung up on
     events_written: int = 0  # SSE content events written so far, over all streams
@@ -143,7 +146,7 @@ class StubNode:
             if request.transport is None or request.transport.is_closing():
                 self.aborted += 1  # the gateway hung up while we "generated"
                 return web.Response(status=499)
-        status = stub.get("status", 200)
+        status = stub.get("status", self.api_status)
         if status != 200:
             error = {"message": "stub error", "type": "BadRequestError", "param": None, "code": status}
             return web.json_response({"error": error}, status=status)
