@@ -258,7 +258,11 @@ class Proxy:
             node_ids = tuple(node.id for node in candidates)
             if prompt_ids is not None and prompt_ids.complete:
                 matched = (
-                    self._cache_index.match(node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant)
+                    # The KV-aware index (the gateway's) also takes the tenant; PrefixIndex has no such
+                    # parameter, so only a tenant's prompt passes it.
+                    self._cache_index.match(  # type: ignore[call-arg]
+                        node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant
+                    )
                     if prompt_ids.tenant is not None
                     else self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
                 )
