@@ -110,24 +110,32 @@ class InFlight:
         self._peer_load = load
 
     def load_view(self) -> dict[int, NodeLoad]:
-        """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm."""
+        """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm.
+
+        One ``NodeLoad`` per node, ours and the peers' summed first: a frozen dataclass costs
+        ~0.7 µs to build (compiled too), and with peers (other gateways, or the other workers of
+        ``--workers N``) building ours and then the sum cost one more per node and request.
+        """
         prefill = self._prefill_tokens
         home = self._home_requests
         context = self._context_tokens
-        view = {
-            node_id: NodeLoad(requests, prefill[node_id], home.get(node_id, 0), context[node_id])
-            for node_id, requests in self._requests.items()
-            if requests or prefill[node_id]
-        }
-        for node_id, peer in self._peer_load.items():
-            own = view.get(node_id)
-            if own is None:
-                view[node_id] = peer
+        peers = self._peer_load
+        view: dict[int, NodeLoad] = {}
+        for node_id, requests in self._requests.items():
+            prefill_tokens = prefill[node_id]
+            if not (requests or prefill_tokens):
+                continue
+            peer = peers.get(node_id) if peers else None
+            if peer is None:
+                view[node_id] = NodeLoad(requests, prefill_tokens, home.get(node_id, 0), context[node_id])
             else:
                 view[node_id] = NodeLoad(
-                    own.outstanding_requests + peer.outstanding_requests,
-                    own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
-                    own.home_requests + peer.home_requests,
-                    own.outstanding_context_tokens + peer.outstanding_context_tokens,
+                    requests + peer.outstanding_requests,
+                    prefill_tokens + peer.outstanding_prefill_tokens,
+                    home.get(node_id, 0) + peer.home_requests,
+                    context[node_id] + peer.outstanding_context_tokens,
                 )
+        for node_id, peer in peers.items():
+            if node_id not in view:
+                view[node_id] = peer
         return view
