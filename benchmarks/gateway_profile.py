@@ -117,6 +117,12 @@ def main() -> int:
     parser.add_argument("--auth", choices=("on", "off"), default="on", help="the front door (default on)")
     parser.add_argument("--seconds", type=float, default=12.0, help="wrk and py-spy duration")
     parser.add_argument("--raw", type=Path, help="keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="py-spy --native: C frames too, so the compiled modules (routing/native.py) show their "
+        "own functions (the table's split then sees less: read the raw stacks)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     py_spy = Path(sys.executable).parent / "py-spy"
@@ -144,6 +150,8 @@ def main() -> int:
         bench.latency_c1(gateway.port, 1000, 100, auth=auth)
         duration = str(int(args.seconds) + 1)
         argv = [str(py_spy), "record", "-p", str(gateway.process.pid), "-r", str(RATE_HZ), "-d", duration]
+        if args.native:
+            argv.append("--native")
         spy = subprocess.Popen(
             [*argv, "-f", "raw", "-o", str(raw)],
             stdout=subprocess.DEVNULL,

@@ -44,6 +44,15 @@ MODULES = (
     "routing.frontdoor.concurrency",
     "routing.frontdoor.front_door",
     "routing.frontdoor.ratelimit",
+    "routing.http.client_side",
+    "routing.http.headers",
+    "routing.http.upstream",
+    "routing.observability.exporter",
+    "routing.observability.request_log",
+    "routing.proxy.exchange",
+    "routing.proxy.handler",
+    "routing.proxy.relay",
+    "routing.state.inflight",
 )
 GROUP = "gorgo_native"  # the shared library's name: gorgo_native__mypyc
 PURE_ENV = "GORGO_PURE_PYTHON"

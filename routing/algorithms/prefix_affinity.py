@@ -23,8 +23,6 @@ abroad), as a cache-aware router per region behind geo-DNS behaves.
 
 from __future__ import annotations
 
-import dataclasses
-
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
 from routing.contract import CostTerms, PrefixAffinityParams
@@ -39,7 +37,7 @@ def choose(view: RoutingView, request: RoutingRequest) -> Decision:
     if params.scope == "local":
         local = tuple(node for node in view.candidates if node.region == view.region)
         if local and len(local) < len(view.candidates):
-            view = dataclasses.replace(view, candidates=local)
+            view = view.with_candidates(local)
     load_of = view.load.get
     loads = [load_of(node.id, _NO_LOAD).outstanding_requests for node in view.candidates]
     max_load = max(loads)

@@ -52,7 +52,7 @@ import http
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
@@ -70,8 +70,8 @@ _LINGER_MAX_BYTES = 1 << 20
 # Request body bytes held before the handler asked for them: past this, reading pauses.
 _BODY_HIGH_WATER_BYTES = 1 << 16
 
-STATUS_LINES = {
-    status: b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode())
+STATUS_LINES: dict[int, bytes] = {
+    int(status): b"HTTP/1.1 %d %s\r\n" % (status, http.HTTPStatus(status).phrase.encode())
     for status in http.HTTPStatus
     if status >= 100
 }
@@ -374,7 +374,7 @@ class ClientConnection(asyncio.Protocol):
     # ---- connections ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  (uvloop's is no asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
         stats = self._stats
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -611,6 +611,11 @@ class ClientConnection(asyncio.Protocol):
                 self.transport.close()
         finally:
             self._stats.requests.discard(request.task)  # type: ignore[arg-type]
+            # Compiled (routing/native.py), this coroutine's environment keeps ``request`` after
+            # it returns, and the task keeps the coroutine: request -> task -> coroutine ->
+            # request, a cycle per request left to the garbage collector (~10 µs a request in
+            # collections under wrk -c32). Dropping the task's reference breaks it.
+            request.task = None
 
     def response_complete(self, request: ClientRequest) -> None:
         """The answer to ``request`` went out: linger, close, or serve the next one."""

@@ -6,6 +6,7 @@ never cross the gateway, nor do the headers the gateway sets itself; everything 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.errors import GatewayError
@@ -25,7 +26,7 @@ _RESPONSE_DROP = frozenset(
 _MAX_REQUEST_ID_CHARS = 128  # a longer client X-Request-Id is replaced, not forwarded
 
 
-def filter_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+def filter_response_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """A node's response headers minus hop-by-hop ones and those the gateway sets itself."""
     return [(name, value) for name, value in raw if name.lower() not in _RESPONSE_DROP]
 

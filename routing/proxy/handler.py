@@ -262,7 +262,11 @@ class Proxy:
             node_ids = self._ids_of[1]
             if prompt_ids is not None and prompt_ids.complete:
                 matched = (
-                    self._cache_index.match(node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant)
+                    # The KV-aware index (the gateway's) also takes the tenant; PrefixIndex has no such
+                    # parameter, so only a tenant's prompt passes it.
+                    self._cache_index.match(  # type: ignore[call-arg]
+                        node_ids, prompt_text, prompt_ids.ids, prompt_ids.tenant
+                    )
                     if prompt_ids.tenant is not None
                     else self._cache_index.match(node_ids, prompt_text, prompt_ids.ids)
                 )

@@ -115,11 +115,13 @@ class Relay:
                     idle.reschedule(loop.time() + idle_s)
                     chunk = await response.readany()
                     idle.reschedule(None)  # the client's pace is not the node's silence
-        except (UpstreamError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as broke:
+            # Not ``exc``: compiled (routing/native.py), a variable has one type per function, and
+            # ``exc`` is an ``UpstreamError`` above, so binding a TimeoutError to it raised TypeError.
             # Mid-stream failure: the status is already sent, so say it in the stream (as vLLM
             # does for its own errors) and end it; the record keeps the truth.
-            kind = "timeout" if isinstance(exc, (TimeoutError, ReadTimeout)) else "disconnect"
-            if isinstance(exc, TimeoutError):  # ours: the idle timeout between two chunks
+            kind = "timeout" if isinstance(broke, (TimeoutError, ReadTimeout)) else "disconnect"
+            if isinstance(broke, TimeoutError):  # ours: the idle timeout between two chunks
                 self._metrics.timeout("idle")
             self._breakers.failure(node.id, time.monotonic(), hard=kind == "timeout")
             self._metrics.upstream_error(node.name, kind)

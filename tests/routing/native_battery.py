@@ -6,6 +6,7 @@ Run twice by tests/routing/test_native.py, once over the compiled modules and on
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 import sys
@@ -132,9 +133,81 @@ def verdicts() -> list[object]:
     return out
 
 
+def request_path(rng: random.Random, rounds: int) -> list[object]:
+    """The compiled request path's pure parts: the header scans, in-flight views, log batches."""
+    from routing.contract import RequestRecord
+    from routing.errors import GatewayError
+    from routing.http.headers import filter_response_headers, scan_request_headers
+    from routing.observability.request_log import _encode_batch
+    from routing.state.inflight import InFlight
+
+    names = [b"content-type", b"content-length", b"connection", b"keep-alive", b"x-request-id",
+             b"authorization", b"api-key", b"x-session", b"accept-encoding", b"x-custom", b"te",
+             b"date", b"server-timing", b"Content-Length", b"x-gorgo-node"]  # fmt: skip
+    values = [b"12", b"close, x-custom", b"keep-alive", b"abc", b"Bearer k", b"gzip", b"", b"x" * 130, b"1e3"]
+    out: list[object] = []
+    for _ in range(rounds):
+        raw = [(rng.choice(names), rng.choice(values)) for _ in range(rng.randrange(0, 8))]
+        session = rng.choice([None, "x-session"])
+        try:
+            found = scan_request_headers(raw, session, keep_credentials=rng.random() < 0.5)
+            out.append(
+                [
+                    [[n.decode(), v.decode()] for n, v in found.forward],
+                    found.request_id,
+                    found.content_length,
+                    found.session_key,
+                ]
+            )
+        except GatewayError as exc:
+            out.append([exc.status, str(exc)])
+        out.append([[n.decode(), v.decode()] for n, v in filter_response_headers(raw)])
+    book = InFlight("eu-west")
+    book.set_node_regions({1: "eu-west", 2: "us-east", 3: "eu-west"})
+    leases = []
+    for _ in range(rounds):
+        step = rng.random()
+        if step < 0.4:
+            leases.append(
+                book.begin(rng.randrange(1, 4), rng.randrange(0, 500), rng.choice([None, "us-east"]))
+            )
+        elif step < 0.6 and leases:
+            rng.choice(leases).first_byte()
+        elif step < 0.85 and leases:
+            leases.pop(rng.randrange(len(leases))).release()
+        else:
+            peers = {
+                n: NodeLoad(rng.randrange(0, 5), rng.randrange(0, 900), rng.randrange(0, 3))
+                for n in (1, 3, 4)
+            }
+            book.set_peer_load({n: load for n, load in peers.items() if rng.random() < 0.7})
+        out.append(sorted([n, repr(load)] for n, load in book.load_view().items()))
+    records = [
+        RequestRecord(
+            schema_version=SCHEMA_VERSION,
+            request_id=f"r{i}",
+            ts=1.5 * i,
+            gateway_region="eu-west",
+            gateway_id="g",
+            model="m",
+            status=200,
+            stream=False,
+            error=rng.choice([None, 'é, "}{ 日本', "x" * rng.randrange(0, 300)]),
+            prefix_hashes=tuple(rng.randrange(-(2**63), 2**63) for _ in range(rng.randrange(0, 40))),
+        )
+        for i in range(rounds)
+    ]
+    buffer, lengths = _encode_batch(records)
+    out.append([buffer.hex(), lengths])
+    return out
+
+
 def main() -> None:
     rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 25)
-    print(json.dumps({"loaded": native.loaded(), "decisions": decisions(rng, 150), "verdicts": verdicts()}))
+    for name in native.MODULES:  # all of them, so ``loaded`` says where each came from
+        importlib.import_module(name)
+    out = {"decisions": decisions(rng, 150), "verdicts": verdicts(), "request_path": request_path(rng, 200)}
+    print(json.dumps({"loaded": native.loaded(), **out}))
 
 
 if __name__ == "__main__":

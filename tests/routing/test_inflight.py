@@ -62,3 +62,36 @@ class TestInFlight:
         assert book.outstanding_context_tokens() == {1: 100, 2: 200}
         book.set_peer_load({2: NodeLoad(3, 0, home_requests=3, outstanding_context_tokens=900)})
         assert book.load_view()[2] == NodeLoad(5, 200, home_requests=4, outstanding_context_tokens=1_100)
+
+
+class TestLoadViewReuse:
+    def test_it_follows_every_change_between_views_with_peers_swapped_in_between(self):
+        # The view rebuilds only the nodes that moved and reuses a node's sum with its peers'
+        # while both parts are unchanged: every step must still read as built from scratch.
+        book = InFlight()
+        first = book.begin(1, 100)
+        second = book.begin(2, 40)
+        assert book.load_view() == {
+            1: NodeLoad(1, 100, outstanding_context_tokens=100),
+            2: NodeLoad(1, 40, outstanding_context_tokens=40),
+        }
+        book.set_peer_load({1: NodeLoad(2, 10), 3: NodeLoad(1, 5)})
+        expected = {
+            1: NodeLoad(3, 110, outstanding_context_tokens=100),
+            2: NodeLoad(1, 40, outstanding_context_tokens=40),
+            3: NodeLoad(1, 5),
+        }
+        assert book.load_view() == expected
+        assert book.load_view() == expected  # nothing moved: the same again
+        first.first_byte()
+        assert book.load_view()[1] == NodeLoad(3, 10, outstanding_context_tokens=100)
+        book.set_peer_load({1: NodeLoad(1, 0)})
+        assert book.load_view() == {
+            1: NodeLoad(2, 0, outstanding_context_tokens=100),
+            2: NodeLoad(1, 40, outstanding_context_tokens=40),
+        }
+        first.release()
+        second.release()
+        assert book.load_view() == {1: NodeLoad(1, 0)}
+        book.set_peer_load({})
+        assert book.load_view() == {}

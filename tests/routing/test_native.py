@@ -36,10 +36,12 @@ def test_compiled_and_pure_modules_give_the_same_decisions_and_verdicts():
     compiled = _battery(pure=False)
     pure = _battery(pure=True)
     assert pure["loaded"] == []  # GORGO_PURE_PYTHON=1: every module from its .py
-    assert len(compiled["loaded"]) >= 7  # the algorithms and auth came from the build
+    assert compiled["loaded"] == list(native.MODULES)  # every hot module came from the build
     assert len(compiled["decisions"]) == 1050
     assert compiled["decisions"] == pure["decisions"]
     assert compiled["verdicts"] == pure["verdicts"]
+    assert len(compiled["request_path"]) == 601  # 200 header pairs, 200 in-flight views, one batch
+    assert compiled["request_path"] == pure["request_path"]
 
 
 def test_a_build_is_used_only_while_its_sources_are_unchanged(tmp_path, monkeypatch):

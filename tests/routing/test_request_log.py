@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from routing.contract import SCHEMA_VERSION, RequestRecord, decode
@@ -114,3 +115,23 @@ class TestRequestLog:
         await log.close(timeout_s=0.5)
         await client.aclose()
         assert (log.pending, log.dropped, log.written) == (0, 4, 0)
+
+
+class TestRequestLogBatches:
+    async def test_it_writes_each_record_whole_when_a_batch_travels_as_one_argument(
+        self, redis_url, redis_keys
+    ):
+        # The batch goes to Redis as one buffer and the records' lengths in bytes: multi-byte
+        # characters and separators inside a record must not move a boundary.
+        client = make_redis(redis_url)
+        log = RequestLog(client, redis_keys, maxlen=1000, pending_max=100, flush_interval_s=0.01)
+        errors = ["", "é,ü 1 2 3", '日本語 " } { ,', "x" * 5000, None]
+        for index, error in enumerate(errors):
+            log.submit(msgspec.structs.replace(record(index), error=error))
+        await log.flush()
+        entries = await client.xrange(redis_keys.request_stream)
+        await client.aclose()
+        decoded = [decode(fields[b"r"], RequestRecord) for _, fields in entries]
+        assert [(r.request_id, r.error) for r in decoded] == [
+            (f"req-{index}", error) for index, error in enumerate(errors)
+        ]

@@ -1,0 +1,207 @@
+"""Instructions per request of the gateway under callgrind: a comparison no busy machine can blur.
+
+    python benchmarks/gateway_instructions.py --variant main=/work/main --variant this=.
+        [--variant pure=.:pure] [--variant x2=.:compiled:2] [--seconds 8] [--top 40]
+
+CPU time per request on a shared 2-core host moves by ±15-30 % from round to round (other work,
+frequency, caches, and how many requests the loop finds per turn), so a 5 % change needs many
+rounds to show. Instructions retired in user space do not depend on the neighbours: each variant
+runs ``python -m routing`` (front door on: one key with limits, the ``gorgo`` policy over three
+mock nodes, request log on) under ``valgrind --tool=callgrind`` with instrumentation off until
+the warm-up is done, then counts every instruction of the gateway process(es) while ``wrk -c32``
+runs, and divides by the requests wrk completed. Two runs of the same gateway agree within ~1 %.
+
+What it does not see: the kernel (system time is ~20 % of the gateway's CPU), and cycles per
+instruction (a cache-missing instruction counts as one). Under valgrind the gateway serves ~50x
+fewer requests per second, so its timed background loops (load exchange, log flush, limiter
+leases) weigh ~50x more per request than in production: read differences in the request path
+(``--top`` prints the compiled functions' inclusive counts per request, side by side).
+
+A variant is ``name=checkout[:pure|:compiled[:workers]]``; the checkout needs its own ``.venv``
+(and, for ``compiled``, its mypyc build: ``make native``). Needs valgrind and wrk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import gateway_overhead as bench  # this directory is on sys.path when run as a script
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
+
+
+def _parse_variant(spec: str) -> tuple[str, Path, bool, int]:
+    name, _, rest = spec.partition("=")
+    parts = rest.split(":")
+    checkout = Path(parts[0] or ".").resolve()
+    pure = len(parts) > 1 and parts[1] == "pure"
+    workers = int(parts[2]) if len(parts) > 2 else 1
+    if not name or not (checkout / ".venv" / "bin" / "python").exists():
+        raise SystemExit(
+            f"--variant {spec!r}: want name=checkout[:pure|:compiled[:workers]], with checkout/.venv"
+        )
+    return name, checkout, pure, workers
+
+
+def _inclusive(out_files: list[Path]) -> collections.Counter[str]:
+    """Inclusive instructions per function (compiled modules' C functions by name), all processes."""
+    counts: collections.Counter[str] = collections.Counter()
+    for path in out_files:
+        text = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        for line in text.splitlines():
+            match = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*?:?(CPy(?:Def|Py)_\S+)", line)
+            if match:
+                counts[match.group(2)] += int(match.group(1).replace(",", ""))
+    return counts
+
+
+def measure(
+    name: str,
+    checkout: Path,
+    pure: bool,
+    workers: int,
+    seconds: float,
+    mocks: list,
+    workdir: Path,
+    redis_url: str,
+) -> dict:
+    prefix = f"gorgoinstr-{uuid.uuid4().hex[:12]}"
+    bench._publish_policy(redis_url, prefix, [f"http://127.0.0.1:{m.port}" for m in mocks], "gorgo")
+    bench._publish_bench_key(redis_url, prefix)
+    out = workdir / f"callgrind-{name}.%p"
+    env = {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info", "GORGO_AUTH": "on"}
+    if pure:
+        env["GORGO_PURE_PYTHON"] = "1"
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--trace-children=yes",  # without it the workers of --workers N ran uncounted
+        f"--callgrind-out-file={out}",
+        str(checkout / ".venv" / "bin" / "python"),
+        "-m",
+        "routing",
+        *("--port", "0", "--region", "bench", "--workers", str(workers)),
+    ]
+    gateway = bench._start(
+        f"gateway-{name}", argv, workdir, env, port_pattern=LISTENING, timeout_s=300, cwd=checkout
+    )
+    script = workdir / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {bench.BENCH_SECRET}"\n'
+        f"wrk.body = {json.dumps(bench.CHAT_BODY.decode())}\n"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            workers > 1 and len(re.findall(LISTENING, gateway.log_path.read_text(errors="replace"))) < workers
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: not every worker is listening")
+            time.sleep(1)
+        bench.latency_c1(gateway.port, 100, 50, auth=bench.BENCH_SECRET)  # warm-up, not counted
+        subprocess.run(["callgrind_control", "--instr=on"], capture_output=True, check=False)
+        url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+        result = subprocess.run(
+            ["wrk", "-t1", "-c32", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(script), url],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
+        )
+        subprocess.run(["callgrind_control", "--instr=off"], capture_output=True, check=False)
+        subprocess.run(["callgrind_control", "--dump"], capture_output=True, check=False)
+        time.sleep(1)
+    finally:
+        gateway.stop()
+        bench._redis_cleanup(redis_url, prefix)
+    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
+        raise RuntimeError(f"{name}: wrk saw errors:\n{result.stdout}")
+    requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
+    dumps = [path for path in workdir.glob(f"callgrind-{name}.*.1")]  # the dump taken after wrk
+    total = 0
+    for path in dumps:
+        found = re.search(r"^totals: (\d+)", path.read_text(errors="replace"), re.MULTILINE)
+        total += int(found.group(1)) if found else 0
+    return {
+        "name": name,
+        "checkout": str(checkout),
+        "pure": pure,
+        "workers": workers,
+        "requests": requests,
+        "instructions_per_request": total / requests,
+        "functions": {fn: count / requests for fn, count in _inclusive(dumps).items()},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--variant", action="append", required=True, help="name=checkout[:pure|:compiled[:workers]]"
+    )
+    parser.add_argument("--seconds", type=float, default=8.0, help="wrk duration per variant (default 8)")
+    parser.add_argument(
+        "--top", type=int, default=0, help="also list this many compiled functions per request"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "wrk"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is needed")
+    variants = [_parse_variant(spec) for spec in args.variant]
+    redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    workdir = Path(tempfile.mkdtemp(prefix="gorgo-instructions-"))
+    mocks = [
+        bench._start(
+            f"mock-{i}", [sys.executable, bench.SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)"
+        )
+        for i in range(bench.UPSTREAMS)
+    ]
+    results = []
+    try:
+        for name, checkout, pure, workers in variants:
+            row = measure(name, checkout, pure, workers, args.seconds, mocks, workdir, redis_url)
+            results.append(row)
+            first = results[0]["instructions_per_request"]
+            print(
+                f"{name}: {row['requests']} requests, {row['instructions_per_request'] / 1e3:.1f} k instructions "
+                f"per request ({row['instructions_per_request'] / first:.3f}x {results[0]['name']})",
+                flush=True,
+            )
+    finally:
+        for mock in mocks:
+            mock.stop()
+    if args.top:
+        names = sorted(
+            {fn for row in results for fn in row["functions"]},
+            key=lambda fn: -max(row["functions"].get(fn, 0) for row in results),
+        )[: args.top]
+        print("\nk instructions per request, inclusive: " + " | ".join(row["name"] for row in results))
+        for fn in names:
+            print(" | ".join(f"{row['functions'].get(fn, 0) / 1e3:8.1f}" for row in results) + f"  {fn}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
