@@ -2,6 +2,8 @@
 
     python benchmarks/gateway_instructions.py --variant main=/work/main --variant this=.
         [--variant pure=.:pure] [--variant x2=.:compiled:2] [--seconds 8] [--top 40]
+    python benchmarks/gateway_instructions.py --algorithm least_load \
+        --variant off=. --variant shadow=.:compiled:1:gorgo [--shadow-params '{"w_rtt": 0}'] --top 40
 
 CPU time per request on a shared 2-core host moves by ±15-30 % from round to round (other work,
 frequency, caches, and how many requests the loop finds per turn), so a 5 % change needs many
@@ -17,8 +19,10 @@ fewer requests per second, so its timed background loops (load exchange, log flu
 leases) weigh ~50x more per request than in production: read differences in the request path
 (``--top`` prints the compiled functions' inclusive counts per request, side by side).
 
-A variant is ``name=checkout[:pure|:compiled[:workers]]``; the checkout needs its own ``.venv``
-(and, for ``compiled``, its mypyc build: ``make native``). Needs valgrind and wrk.
+A variant is ``name=checkout[:pure|:compiled[:workers[:shadow]]]``: ``shadow`` names a shadow
+policy's algorithm run beside the live one (issue 23; its parameters from ``--shadow-params``);
+``--algorithm`` sets the live policy of every variant. The checkout needs its own ``.venv`` (and, for
+``compiled``, its mypyc build: ``make native``). Needs valgrind and wrk.
 """
 
 from __future__ import annotations
@@ -41,17 +45,18 @@ ROOT = Path(__file__).resolve().parent.parent
 LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 
 
-def _parse_variant(spec: str) -> tuple[str, Path, bool, int]:
+def _parse_variant(spec: str) -> tuple[str, Path, bool, int, str | None]:
     name, _, rest = spec.partition("=")
     parts = rest.split(":")
     checkout = Path(parts[0] or ".").resolve()
     pure = len(parts) > 1 and parts[1] == "pure"
-    workers = int(parts[2]) if len(parts) > 2 else 1
+    workers = int(parts[2]) if len(parts) > 2 and parts[2] else 1
+    shadow = parts[3] if len(parts) > 3 and parts[3] else None
     if not name or not (checkout / ".venv" / "bin" / "python").exists():
         raise SystemExit(
-            f"--variant {spec!r}: want name=checkout[:pure|:compiled[:workers]], with checkout/.venv"
+            f"--variant {spec!r}: want name=checkout[:pure|:compiled[:workers[:shadow]]], with checkout/.venv"
         )
-    return name, checkout, pure, workers
+    return name, checkout, pure, workers, shadow
 
 
 def _inclusive(out_files: list[Path]) -> collections.Counter[str]:
@@ -80,9 +85,12 @@ def measure(
     mocks: list,
     workdir: Path,
     redis_url: str,
+    algorithm: str = "gorgo",
+    shadow: tuple[str, dict] | None = None,
 ) -> dict:
     prefix = f"gorgoinstr-{uuid.uuid4().hex[:12]}"
-    bench._publish_policy(redis_url, prefix, [f"http://127.0.0.1:{m.port}" for m in mocks], "gorgo")
+    upstreams = [f"http://127.0.0.1:{m.port}" for m in mocks]
+    bench._publish_policy(redis_url, prefix, upstreams, algorithm, shadow=shadow)
     bench._publish_bench_key(redis_url, prefix)
     out = workdir / f"callgrind-{name}.%p"
     env = {"REDIS_URL": redis_url, "GORGO_REDIS_PREFIX": prefix, "LOG_LEVEL": "info", "GORGO_AUTH": "on"}
@@ -145,6 +153,8 @@ def measure(
         "checkout": str(checkout),
         "pure": pure,
         "workers": workers,
+        "algorithm": algorithm,
+        "shadow": shadow,
         "requests": requests,
         "instructions_per_request": total / requests,
         "functions": {fn: count / requests for fn, count in _inclusive(dumps).items()},
@@ -163,7 +173,10 @@ def main() -> int:
         "--top", type=int, default=0, help="also list this many compiled functions per request"
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--algorithm", default="gorgo", help="the live policy's algorithm (default gorgo)")
+    parser.add_argument("--shadow-params", default="{}", help="a shadow variant's policy parameters (JSON)")
     args = parser.parse_args()
+    shadow_params = json.loads(args.shadow_params)
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate", "wrk"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")
@@ -178,8 +191,19 @@ def main() -> int:
     ]
     results = []
     try:
-        for name, checkout, pure, workers in variants:
-            row = measure(name, checkout, pure, workers, args.seconds, mocks, workdir, redis_url)
+        for name, checkout, pure, workers, shadow in variants:
+            row = measure(
+                name,
+                checkout,
+                pure,
+                workers,
+                args.seconds,
+                mocks,
+                workdir,
+                redis_url,
+                args.algorithm,
+                (shadow, shadow_params) if shadow else None,
+            )
             results.append(row)
             first = results[0]["instructions_per_request"]
             print(

@@ -52,6 +52,7 @@ MODULES = (
     "routing.proxy.exchange",
     "routing.proxy.handler",
     "routing.proxy.relay",
+    "routing.proxy.shadow",
     "routing.state.inflight",
 )
 GROUP = "gorgo_native"  # the shared library's name: gorgo_native__mypyc

@@ -77,8 +77,10 @@ class KVAwareIndex:
 
     def wants_prompt_ids(self, candidates: Iterable[NodeSpec]) -> bool:
         """True when some candidate is matched precisely (so the prompt is worth tokenizing)."""
-        now = self._clock()
         subscribers = self.events.subscribers
+        if not subscribers:  # no node publishes KV events: per request, without a clock read
+            return False
+        now = self._clock()
         return any(
             node.id in subscribers and subscribers[node.id].mode(now) == "precise" for node in candidates
         )
