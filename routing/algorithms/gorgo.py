@@ -71,7 +71,6 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Final
 
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
@@ -485,23 +484,40 @@ def _pick(
         # two random choices keep the balance and make those gateways disagree.
         draw = _mix(_gateway_seed(view.gateway_id) + view.sequence)
         first = draw % count
-        second = (first + 1 + (draw >> 32) % (count - 1)) % count
+        second = (first + 1 + (draw >> 16) % (count - 1)) % count
         tied = [tied[first], tied[second]]
-    return min(tied, key=lambda index: (rows[index][_REQUESTS], rows[index][_PREFILL_TOKENS], totals[index]))
+    best = tied[0]
+    for index in tied[1:]:  # the lightest: fewest requests, then prefill tokens, then total
+        row, best_row = rows[index], rows[best]
+        if (row[_REQUESTS], row[_PREFILL_TOKENS], totals[index]) < (
+            best_row[_REQUESTS],
+            best_row[_PREFILL_TOKENS],
+            totals[best],
+        ):
+            best = index
+    return best
 
 
 def _mix(value: int) -> int:
-    """splitmix64's finaliser: consecutive counters become unrelated 64-bit draws."""
-    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return value ^ (value >> 31)
+    """A 32-bit integer hash (two multiply-xorshift rounds): consecutive counters become unrelated
+    draws. 32 bits, so every product stays below 2**62: compiled, a small int, not a big one."""
+    value &= 0xFFFFFFFF
+    value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    return value ^ (value >> 16)
 
 
-@lru_cache(maxsize=64)
+_SEEDS: dict[str, int] = {}
+
+
 def _gateway_seed(gateway_id: str) -> int:
     # Stable across processes (unlike hash()), so a gateway's rotation does not change on restart.
-    return zlib.crc32(gateway_id.encode())
+    seed = _SEEDS.get(gateway_id)
+    if seed is None:
+        if len(_SEEDS) >= 64:
+            _SEEDS.clear()
+        seed = _SEEDS[gateway_id] = zlib.crc32(gateway_id.encode())
+    return seed
 
 
 INFO = AlgorithmInfo(params=GorgoParams, choose=choose, needs_prefix_matches=True)
