@@ -36,9 +36,19 @@ faster with stated confidence, over as many windows as that takes:
   issue 23) on that difference, at ``PROMOTE_ALPHA``, its mixture scale ``PROMOTE_TAU``;
 - **better**: the interval's upper end is below ``-log(1 / (1 - MIN_IMPROVEMENT))``: the trial is
   at least ``MIN_IMPROVEMENT`` faster with confidence ``1 - PROMOTE_ALPHA``;
-- **not better**: the interval's lower end is above that line (it cannot be that much faster), or
-  ``MAX_WINDOWS_PER_TRIAL`` windows have passed without a verdict (the budget of one trial);
+- **not better**: the interval's lower end is above that line (it cannot be that much faster);
+- **no difference**: ``MAX_WINDOWS_PER_TRIAL`` windows have passed without either (the budget of
+  one trial);
 - otherwise **undecided**: the canary keeps running and its samples accumulate.
+
+Both "not better" and "no difference" revert to the incumbent, but they move ``sigma`` apart. The
+1/5 rule shrinks the step after a failure because a step too large overshoots; a trial that showed
+*no* difference failed for the opposite reason (its effect was below what the windows resolve), and
+shrinking the step would make the next trial's effect smaller still, until the search "converged"
+wherever it started, wrong inputs included (the wall-clock run told a prefill speed 2x off did
+exactly that: eight ties, ``sigma`` 0.5 to 0.22, no promotion). So a tie grows ``sigma`` by
+``NO_DIFFERENCE_FACTOR`` (up to ``SIGMA_MAX``), a clear loss shrinks it, and the search converges
+only where steps big enough to show lose.
 
 The interval assumes independent requests; requests of one session share a cache and an arm (the
 canary splits by session), so the real variance is somewhat larger than the one used. The margin
@@ -59,13 +69,16 @@ from controlplane.policies.canary_stats import always_valid_interval
 
 Weights = tuple[float, float]  # (w_rtt, w_queue)
 Outcome = Literal["measured", "accepted", "rejected", "converged"]
-Verdict = Literal["better", "not better", "undecided"]
+Verdict = Literal["better", "not better", "no difference", "undecided"]
 
 SIGMA_START = 0.5  # log units: a first step of about x1.65
 SIGMA_MIN = 0.06  # converged below ~6 % steps: finer than a window's p95 can tell apart
 SIGMA_MAX = 1.5
 SUCCESS_FACTOR = 1.5
 FAILURE_FACTOR = SUCCESS_FACTOR**-0.25
+# A trial that showed no difference within its budget of windows moved TTFT by less than the
+# windows can resolve: a smaller step would show even less, so the step grows (module docstring).
+NO_DIFFERENCE_FACTOR = 1.2
 # A trial must beat the incumbent by this share to be taken: a "better" that is within noise is a
 # random walk, not progress. The canary tuner asks it with confidence (``compare_arms``).
 MIN_IMPROVEMENT = 0.02
@@ -205,8 +218,10 @@ def compare_arms(
     line = -math.log(1.0 / (1.0 - MIN_IMPROVEMENT))
     if interval.high < line:
         verdict: Verdict = "better"
-    elif interval.low > line or windows >= max_windows:
+    elif interval.low > line:
         verdict = "not better"
+    elif windows >= max_windows:
+        verdict = "no difference"
     else:
         verdict = "undecided"
     return ArmTest(verdict, estimate, interval.low, interval.high, len(live), len(trial), windows)
@@ -262,14 +277,16 @@ def judge(
 ) -> Step:
     """Decide on ``state.trial`` from the canary's two arms (``compare_arms``, not undecided)."""
     assert test.verdict != "undecided", "judge needs a verdict; keep the canary running"
+    tie = test.verdict == "no difference"
     return decide(
         state,
         test.verdict == "better",
-        test.describe(),
+        test.describe() + ("; no difference shown, a wider step next" if tie else ""),
         rng,
         bounds,
         incumbent_p95_ms=live_p95_ms,
         trial_p95_ms=trial_p95_ms,
+        failure_factor=NO_DIFFERENCE_FACTOR if tie else FAILURE_FACTOR,
     )
 
 
@@ -282,10 +299,12 @@ def decide(
     *,
     incumbent_p95_ms: float | None = None,
     trial_p95_ms: float | None = None,
+    failure_factor: float = FAILURE_FACTOR,
 ) -> Step:
     """The (1+1)-ES's update once ``state.trial`` is judged ``better`` or not (``evidence``: why).
 
-    The p95s, when known, are kept in the state (the incumbent's) for the notes and the dashboard.
+    Not better: ``sigma`` times ``failure_factor`` (``NO_DIFFERENCE_FACTOR`` for a tie). The p95s,
+    when known, are kept in the state (the incumbent's) for the notes and the dashboard.
     """
     assert state.trial is not None, "decide needs a trial"
     trials = state.trials + 1
@@ -307,7 +326,7 @@ def decide(
             "accepted",
             f"tuner: accepted {_fmt(state.trial)}: {evidence}; trying {_fmt(trial)} (step {sigma:.2f})",
         )
-    sigma = state.sigma * FAILURE_FACTOR
+    sigma = min(SIGMA_MAX, state.sigma * failure_factor)
     return Step(
         replace(state, incumbent_p95_ms=incumbent_p95_ms, sigma=sigma, trial=None, trials=trials),
         state.incumbent,

@@ -241,13 +241,31 @@ def test_a_clearly_worse_arm_is_stopped_before_the_budget() -> None:
     assert test.verdict == "not better" and test.windows < tuner_math.MAX_WINDOWS_PER_TRIAL
 
 
-def test_an_undecided_trial_is_not_better_at_the_budget() -> None:
+def test_an_undecided_trial_shows_no_difference_at_the_budget() -> None:
     rng = random.Random(5)
     live = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW)
     trial = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW, speed=0.97)
     assert tuner_math.compare_arms(live, trial, 1).verdict == "undecided"
     budget = tuner_math.compare_arms(live, trial, tuner_math.MAX_WINDOWS_PER_TRIAL)
-    assert budget.verdict == "not better"
+    assert budget.verdict == "no difference"
+
+
+def test_a_tie_reverts_but_widens_the_step_and_a_clear_loss_narrows_it() -> None:
+    # Shrinking the step after ties would make the next trial's effect smaller still, until the
+    # search stopped wherever it began (the wall-clock run told a prefill speed 2x off).
+    state = TunerState(incumbent=(1.0, 1.0), sigma=0.4, trial=(0.8, 1.0))
+    tie = tuner_math.ArmTest("no difference", -0.01, -0.08, 0.06, 600, 600, 8)
+    loss = tuner_math.ArmTest("not better", 0.2, 0.1, 0.3, 300, 300, 2)
+    tied = tuner_math.judge(state, tie, random.Random(1))
+    lost = tuner_math.judge(state, loss, random.Random(1))
+    assert tied.outcome == lost.outcome == "rejected" and tied.publish == lost.publish == (1.0, 1.0)
+    assert tied.state.sigma == 0.4 * tuner_math.NO_DIFFERENCE_FACTOR
+    assert lost.state.sigma == 0.4 * tuner_math.FAILURE_FACTOR
+    assert "no difference shown, a wider step next" in tied.note
+    capped = tuner_math.judge(
+        TunerState(incumbent=(1.0, 1.0), sigma=tuner_math.SIGMA_MAX, trial=(0.8, 1.0)), tie, random.Random(1)
+    )
+    assert capped.state.sigma == tuner_math.SIGMA_MAX
 
 
 def test_judge_promotes_on_the_tests_verdict_and_says_why() -> None:
