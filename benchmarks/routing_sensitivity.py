@@ -524,10 +524,15 @@ def markdown(document: dict[str, Any]) -> str:
             )
     for variant, tuner in (document.get("tuner") or {}).items():
         lines += tuner_markdown(variant, tuner)
-    # The run of the same code before a tie widened the step (ties shrank it, as losses do); kept
-    # because it is what showed the need (docs/routing.md, "Online tuning").
-    for variant, tuner in (document.get("tuner_ties_shrink") or {}).items():
-        lines += tuner_markdown(variant, tuner, " (earlier: a tie shrank the step)")
+    # Runs kept beside the main ones: at a higher rate (an invocation with another --out, merged
+    # under this key by hand), and the runs of the rule before a tie widened the step (ties shrank
+    # it, as losses do), which showed the need (docs/routing.md, "Online tuning").
+    for key, heading_note in (
+        ("tuner_42rps", " (at 42/s)"),
+        ("tuner_ties_shrink", " (earlier: a tie shrank the step)"),
+    ):
+        for variant, tuner in (document.get(key) or {}).items():
+            lines += tuner_markdown(variant, tuner, heading_note)
     for note in meta.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
