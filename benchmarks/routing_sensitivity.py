@@ -21,11 +21,15 @@ gateways following it, geo-chat traffic for ``--tuner-minutes``, and ``tune_poli
 second (what the ``policies.tune`` beat task does every window/5). Each trial is a canary on
 ``TUNER_CANARY_PERCENT`` of the sessions; a window is ``TUNER_WINDOW_S`` with at least
 ``TUNER_MIN_REQUESTS`` answered requests per arm (the settings' minimum is 5 s / 20; the defaults,
-300 s / 200, would make this run hours). Reported: every window (trial weights, both arms' p95,
-the decision) and the first window whose live weights serve within ``RECOVERED_WITHIN`` of the
-p95 the tuner run on correct inputs gives at the same window (the gateways' request records, as the
-tuner measures them). One part or tuner variant per invocation (Django is set up once per process);
-each invocation merges what it measured into the output.
+300 s / 200, would make this run hours). A trial runs until the tuner's promotion rule decides
+(``tuner_math.compare_arms``: faster with confidence, or not, or ``MAX_WINDOWS_PER_TRIAL`` windows
+spent), so one decision spans one or more windows. Reported: every decision (trial weights, the
+windows it took, both arms' p95, the decision) and, per 10 s window of the run, the TTFT of the
+requests served with the live weights (everything but a running trial's arm), against the run on
+correct inputs at the same window (same seed, same traffic); "recovered" is the first window from
+which the live weights' geometric-mean TTFT over the rest of the run is within ``RECOVERED_WITHIN``
+of the correct run's over the same windows. One part or tuner variant per invocation (Django is set
+up once per process); each invocation merges what it measured into the output.
 
 Why the weights can undo these errors: gorgo's cost is ``w_rtt * rtt + w_queue * queue + prefill``
 and both queue and prefill are divided by the prefill speed. A speed told k times too fast divides
@@ -42,9 +46,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -81,7 +87,7 @@ TUNER_MIN_REQUESTS = 60
 TUNER_RATE_RPS = 14.0
 TUNER_CANARY_PERCENT = 50.0
 TUNER_TICK_S = 1.0
-RECOVERED_WITHIN = 1.10  # the live arm's p95 within 10 % of the correct inputs' p95
+RECOVERED_WITHIN = 1.10  # the live weights' geometric-mean TTFT within 10 % of the correct inputs'
 
 
 # ---- static --------------------------------------------------------------------------------------
@@ -242,6 +248,38 @@ def _arm_p95s(client: redis.Redis, keys: RedisKeys) -> dict[int, dict[str, Any]]
     }
 
 
+def time_windows(client: redis.Redis, keys: RedisKeys, started_s: float) -> list[dict[str, Any]]:
+    """Per ``TUNER_WINDOW_S`` of the run: TTFTs of the requests the live weights served (no canary
+    running, or a canary's ``live`` arm) and of a trial's arm, from the gateways' request records."""
+    buckets: dict[int, dict[str, list[float]]] = {}
+    for _id, fields in client.xrange(keys.request_stream):
+        record = decode(fields[b"r"], RequestRecord)
+        if record.status != 200 or record.ttft_ms is None or record.ts < started_s:
+            continue
+        index = int((record.ts - started_s) // TUNER_WINDOW_S)
+        arm = "trial" if record.canary_id is not None and record.arm == "canary" else "live"
+        buckets.setdefault(index, {"live": [], "trial": []})[arm].append(record.ttft_ms)
+    found = []
+    for index in sorted(buckets):
+        live, trial = buckets[index]["live"], buckets[index]["trial"]
+        found.append(
+            {
+                "window": index + 1,
+                "live_requests": len(live),
+                "live_p50_ms": percentile(live, 50),
+                "live_p95_ms": percentile(live, 95),
+                "live_geomean_ms": geomean(live),
+                "trial_requests": len(trial),
+                "trial_p95_ms": percentile(trial, 95),
+            }
+        )
+    return found
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(max(v, 1e-3)) for v in values)) if values else None
+
+
 def run_tuner(
     variant: str, minutes: float, seed: int, rate: float, redis_url: str, workdir: Path
 ) -> dict[str, Any]:
@@ -289,6 +327,7 @@ def run_tuner(
         tuner.join(timeout=60.0)
         time.sleep(0.3)  # the gateways flush their request logs every 50 ms
         arms = _arm_p95s(client, keys)
+        by_time = time_windows(client, keys, started_s)
         windows = []
         for index, window in enumerate(policy.tuning_windows.order_by("ended_at"), start=1):
             canary = (
@@ -299,10 +338,17 @@ def run_tuner(
                 .first()
             )
             measured = arms.get(canary.pk, {}) if canary is not None else {}
+            ended_after_s = window.ended_at.timestamp() - started_s
             windows.append(
                 {
-                    "window": index,
-                    "ended_after_s": round(window.ended_at.timestamp() - started_s, 1),
+                    "window": index,  # the decision's number (kept name: the JSON's shape)
+                    "ended_after_s": round(ended_after_s, 1),
+                    "ended_in_window": math.ceil(ended_after_s / TUNER_WINDOW_S),
+                    "windows_spanned": max(
+                        0,
+                        int((window.ended_at - window.started_at).total_seconds() - tuning_settle_s())
+                        // int(TUNER_WINDOW_S),
+                    ),
                     "trial": [window.w_rtt, window.w_queue],
                     "outcome": window.outcome,
                     "sigma": round(window.sigma, 3),
@@ -331,6 +377,8 @@ def run_tuner(
             "ideal_w_rtt": round(1.0 / (prefill_scale * rtt_scale), 3),
             "final_weights": [final.w_rtt, final.w_queue],
             "windows": windows,
+            "time_windows": by_time,
+            "promotion_rule": promotion_rule(),
             "tuner_errors": errors,
         }
     finally:
@@ -342,27 +390,47 @@ def run_tuner(
 
 
 def recovery(tuner: dict[str, Any], correct: dict[str, Any] | None) -> dict[str, Any]:
-    """The first window whose live arm serves within ``RECOVERED_WITHIN`` of the live arm of the
-    tuner run on correct inputs at the same window (same seed, so the same traffic at that time:
-    a long geo-chat run gets heavier as conversations grow and caches evict, so a reference from
-    another point of the run, or from the short static runs, would not compare)."""
-    if correct is None:
-        return {"recovered_at_window": None, "windows": len(tuner["windows"]), "reference": None}
-    reference = {w["window"]: w["live_p95_ms"] for w in correct["windows"]}
-    ratios = []
+    """How the live weights served against the run on correct inputs, window by window (same seed,
+    so the same traffic at that time: a long geo-chat run gets heavier as conversations grow and
+    caches evict, so a reference from another point of the run, or from the short static runs,
+    would not compare), and the first window from which they stay within ``RECOVERED_WITHIN``."""
+    mine = {w["window"]: w for w in tuner.get("time_windows") or []}
+    reference = {w["window"]: w for w in (correct or {}).get("time_windows") or []}
+    shared = [
+        n
+        for n in sorted(mine)
+        if n in reference and mine[n]["live_geomean_ms"] and reference[n]["live_geomean_ms"]
+    ]
+    if correct is None or not shared:
+        return {"recovered_at_window": None, "windows": len(mine), "reference": None}
+    ratios = [mine[n]["live_geomean_ms"] / reference[n]["live_geomean_ms"] for n in shared]
+    # Recovery is the tuner's doing only after it changed the live weights: before its first
+    # promotion, a stretch within 10 % is the traffic's or the machine's noise.
+    promoted = [w["ended_in_window"] for w in tuner["windows"] if w["outcome"] == "accepted"]
+    within = None
     first = None
-    for w in tuner["windows"]:
-        ref = reference.get(w["window"])
-        if ref and w["live_p95_ms"] is not None:
-            ratio = w["live_p95_ms"] / ref
-            ratios.append(ratio)
-            if first is None and ratio <= RECOVERED_WITHIN:
-                first = w["window"]
+    for index, window in enumerate(shared):
+        # over the rest of the run, weighted by requests: "recovered and stayed recovered"
+        rest = shared[index:]
+        log_mine = sum(mine[n]["live_requests"] * math.log(mine[n]["live_geomean_ms"]) for n in rest)
+        log_ref = sum(reference[n]["live_requests"] * math.log(reference[n]["live_geomean_ms"]) for n in rest)
+        mine_n = sum(mine[n]["live_requests"] for n in rest)
+        ref_n = sum(reference[n]["live_requests"] for n in rest)
+        if math.exp(log_mine / mine_n - log_ref / ref_n) <= RECOVERED_WITHIN:
+            within = window if within is None else within
+            if promoted and window >= promoted[0]:
+                first = window
+                break
     return {
         "recovered_at_window": first,
-        "windows": len(tuner["windows"]),
-        "reference": "the live arm of the tuner run on correct inputs, same window",
-        "live_p95_over_correct": [round(r, 2) for r in ratios],
+        "within_from_window": within,  # whether or not the tuner had changed anything by then
+        "first_promotion_window": promoted[0] if promoted else None,
+        "windows": len(shared),
+        "reference": "the live weights of the tuner run on correct inputs, same 10 s window",
+        "live_geomean_over_correct": [round(r, 2) for r in ratios],
+        "first_6_windows_over_correct": round(
+            statistics.median(ratios[:6]), 2
+        ),  # before any promotion could act: the harm to recover from
     }
 
 
@@ -404,10 +472,23 @@ def incumbents(tuner: dict[str, Any]) -> list[tuple[float, float]]:
 # ---- outputs -------------------------------------------------------------------------------------
 
 
-def tuner_math_min_improvement() -> float:
-    from controlplane.policies.tuner_math import MIN_IMPROVEMENT
+def promotion_rule() -> dict[str, Any]:
+    from controlplane.policies import tuner_math
 
-    return MIN_IMPROVEMENT
+    return {
+        "statistic": "mean log TTFT, trial arm - live arm, since the trial started",
+        "interval": "always-valid (mSPRT), canary_stats.always_valid_interval",
+        "alpha": tuner_math.PROMOTE_ALPHA,
+        "tau": tuner_math.PROMOTE_TAU,
+        "min_improvement": tuner_math.MIN_IMPROVEMENT,
+        "max_windows_per_trial": tuner_math.MAX_WINDOWS_PER_TRIAL,
+    }
+
+
+def tuning_settle_s() -> float:
+    from controlplane.policies.tuning import SETTLE_S
+
+    return SETTLE_S
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -442,62 +523,102 @@ def markdown(document: dict[str, Any]) -> str:
                 f"| {row['prefix_hit_rate']['median']:.0%} |"
             )
     for variant, tuner in (document.get("tuner") or {}).items():
-        rec = tuner.get("recovery") or {}
-        lines += [
-            "",
-            f"## The online tuner on the wall-clock fleet, told {variant}",
-            "",
-            f"{tuner['minutes']:g} min of geo-chat at {tuner['rate_rps']:g}/s (seed {tuner['seed']}), the "
-            f"tuner's real code: windows of {tuner['window_s']:g} s with at least "
-            f"{tuner['min_requests_per_arm']} answered requests per arm, each trial a canary on "
-            f"{tuner['canary_percent']:g} % of the sessions. The weights that undo this error: "
-            f"w_rtt = {tuner['ideal_w_rtt']:g} (w_queue 1). Final live weights: "
-            f"w_rtt {tuner['final_weights'][0]:g}, w_queue {tuner['final_weights'][1]:g}."
-            + (
-                f" First window whose live arm p95 is within {RECOVERED_WITHIN - 1:.0%} of "
-                f"{rec['reference']}: window {rec['recovered_at_window']} of {rec['windows']} (read it "
-                "against the noise below)."
-                if variant != "correct" and rec
-                else ""
-            ),
-            "",
-            "| window | ended at | trial w_rtt, w_queue | live arm p95 | trial arm p95 | requests (live, trial) "
-            "| decision | live weights after |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for w, live_weights in zip(tuner["windows"], incumbents(tuner), strict=True):
-            live = "-" if w["live_p95_ms"] is None else f"{w['live_p95_ms']:,.0f} ms"
-            trial = "-" if w["trial_p95_ms"] is None else f"{w['trial_p95_ms']:,.0f} ms"
-            lines.append(
-                f"| {w['window']} | {w['ended_after_s']:.0f} s | {w['trial'][0]:.3g}, {w['trial'][1]:.3g} "
-                f"| {live} | {trial} | {w['requests'][0]}, {w['requests'][1]} | {w['outcome']} "
-                f"| {live_weights[0]:.3g}, {live_weights[1]:.3g} |"
-            )
-        accepted = sum(1 for w in tuner["windows"] if w["outcome"] == "accepted")
-        lines += ["", f"Trials promoted: {accepted} of {len(tuner['windows'])}."]
-        same = same_weights_windows(tuner)
-        if same:
-            lines.append(
-                "Windows whose trial had the live weights (an A/A test of one window's noise): "
-                + ", ".join(
-                    f"window {w['window']}: {w['live_p95_ms']:,.0f} vs {w['trial_p95_ms']:,.0f} ms "
-                    f"({w['difference']:.0%} apart)"
-                    for w in same
-                )
-                + f"; the tuner promotes a trial {tuner_math_min_improvement():.0%} better."
-            )
-        ratios = rec.get("live_p95_over_correct") or []
-        if ratios:
-            ordered = sorted(ratios)
-            lines.append(
-                f"Live arm p95 over the correct-inputs run's at the same window: median "
-                f"{ordered[len(ordered) // 2]:.2f}, range {ordered[0]:.2f}-{ordered[-1]:.2f}."
-            )
-        if tuner["tuner_errors"]:
-            lines += ["", f"Tuner errors: {tuner['tuner_errors']}"]
+        lines += tuner_markdown(variant, tuner)
+    # Runs kept beside the main ones: at a higher rate (an invocation with another --out, merged
+    # under this key by hand), and the runs of the rule before a tie widened the step (ties shrank
+    # it, as losses do), which showed the need (docs/routing.md, "Online tuning").
+    for key, heading_note in (
+        ("tuner_42rps", " (at 42/s)"),
+        ("tuner_ties_shrink", " (earlier: a tie shrank the step)"),
+    ):
+        for variant, tuner in (document.get(key) or {}).items():
+            lines += tuner_markdown(variant, tuner, heading_note)
     for note in meta.get("notes", []):
         lines += ["", note]
     return "\n".join(lines) + "\n"
+
+
+def tuner_markdown(variant: str, tuner: dict[str, Any], heading_note: str = "") -> list[str]:
+    rec = tuner.get("recovery") or {}
+    rule = tuner.get("promotion_rule")
+    lines = [
+        "",
+        f"## The online tuner on the wall-clock fleet, told {variant}{heading_note}",
+        "",
+        f"{tuner['minutes']:g} min of geo-chat at {tuner['rate_rps']:g}/s (seed {tuner['seed']}), the "
+        f"tuner's real code: windows of {tuner['window_s']:g} s with at least "
+        f"{tuner['min_requests_per_arm']} answered requests per arm, each trial a canary on "
+        f"{tuner['canary_percent']:g} % of the sessions"
+        + (
+            f"; a trial is promoted when its geometric-mean TTFT is at least {rule['min_improvement']:.0%} "
+            f"below the live arm's with {1 - rule['alpha']:.0%} always-valid confidence, accumulated over "
+            f"up to {rule['max_windows_per_trial']} windows"
+            if rule
+            else "; a trial is promoted when its window p95 beats the live arm's by 2 % (the rule before issue 24)"
+        )
+        + f". The weights that undo this error: w_rtt = {tuner['ideal_w_rtt']:g} (w_queue 1). Final live "
+        f"weights: w_rtt {tuner['final_weights'][0]:g}, w_queue {tuner['final_weights'][1]:g}.",
+        "",
+        "| decision | ended at | windows | trial w_rtt, w_queue | live arm p95 | trial arm p95 "
+        "| requests (live, trial) | decision | live weights after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w, live_weights in zip(tuner["windows"], incumbents(tuner), strict=True):
+        live = "-" if w["live_p95_ms"] is None else f"{w['live_p95_ms']:,.0f} ms"
+        trial = "-" if w["trial_p95_ms"] is None else f"{w['trial_p95_ms']:,.0f} ms"
+        lines.append(
+            f"| {w['window']} | {w['ended_after_s']:.0f} s (window {w.get('ended_in_window', '-')}) "
+            f"| {w.get('windows_spanned', 1)} | {w['trial'][0]:.3g}, {w['trial'][1]:.3g} "
+            f"| {live} | {trial} | {w['requests'][0]}, {w['requests'][1]} | {w['outcome']} "
+            f"| {live_weights[0]:.3g}, {live_weights[1]:.3g} |"
+        )
+    accepted = sum(1 for w in tuner["windows"] if w["outcome"] == "accepted")
+    lines += ["", f"Trials promoted: {accepted} of {len(tuner['windows'])} decided."]
+    same = same_weights_windows(tuner)
+    if same:
+        lines.append(
+            "Trials with the live weights (an A/A test of the noise): "
+            + ", ".join(
+                f"decision {w['window']}: {w['live_p95_ms']:,.0f} vs {w['trial_p95_ms']:,.0f} ms "
+                f"({w['difference']:.0%} apart)"
+                for w in same
+            )
+            + "."
+        )
+    ratios = rec.get("live_geomean_over_correct") or []
+    if variant != "correct" and ratios:
+        ordered = sorted(ratios)
+        found = rec["recovered_at_window"]
+        lines.append(
+            f"Live weights' geometric-mean TTFT over the correct-inputs run's, same 10 s window, "
+            f"{len(ratios)} windows: median {ordered[len(ordered) // 2]:.2f}, range "
+            f"{ordered[0]:.2f}-{ordered[-1]:.2f}; windows 1-6 (before a promotion could act) "
+            f"{rec['first_6_windows_over_correct']:.2f}. "
+            + (
+                f"Recovered: within {RECOVERED_WITHIN - 1:.0%} of it over the rest of the run from window "
+                f"{found} on (first promotion in window {rec['first_promotion_window']})."
+                if found is not None
+                else f"Nothing to recover at this rate: the starting weights serve within "
+                f"{RECOVERED_WITHIN - 1:.0%} of the correct inputs' over the run from window 1 on."
+                if rec.get("within_from_window") == 1
+                else "Not recovered: "
+                + (
+                    "the tuner promoted nothing"
+                    if rec.get("first_promotion_window") is None
+                    else f"after its first promotion (window {rec['first_promotion_window']}) the live "
+                    f"weights never stayed within {RECOVERED_WITHIN - 1:.0%}"
+                )
+                + (
+                    f"; the ratio over the rest of the run is within {RECOVERED_WITHIN - 1:.0%} from "
+                    f"window {rec['within_from_window']} on all the same (noise and drift, not the tuner)."
+                    if rec.get("within_from_window") is not None and found is None
+                    else "."
+                )
+            )
+        )
+    if tuner["tuner_errors"]:
+        lines += ["", f"Tuner errors: {tuner['tuner_errors']}"]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -534,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         # One invocation per part or tuner variant (Django is set up once per process): keep what
         # the earlier ones measured.
         previous = json.loads(out.with_suffix(".json").read_text())
-        document = {name: previous[name] for name in ("static", "tuner") if name in previous}
+        document = {name: value for name, value in previous.items() if name != "meta"}
         notes = previous.get("meta", {}).get("notes", [])
         notes.append(f"earlier: `{previous['meta']['command']}` (load {previous['meta']['load_before']})")
     if args.part == "report":

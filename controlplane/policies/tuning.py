@@ -7,10 +7,12 @@
   (``experiments.start``, authored by ``TUNER_AUTHOR``): the rest of the fleet keeps the
   incumbent, so a bad trial costs only its share, and the canary's automatic rollback guards it;
 - once the canary has run ``GORGO_TUNER_WINDOW_S`` (plus ``SETTLE_S`` for the gateways to swap)
-  and each arm holds ``GORGO_TUNER_MIN_REQUESTS`` answered requests, the two arms' p95 TTFTs, from
-  the same window and the same traffic, go to ``tuner_math.judge`` (the (1+1)-ES): a better trial
-  is written into the policy's params and promoted (published as the live policy, a version whose
-  note carries the evidence), a worse one is stopped;
+  and each arm holds ``GORGO_TUNER_MIN_REQUESTS`` answered requests, the two arms' TTFTs since the
+  canary started, from the same traffic, go to ``tuner_math.compare_arms`` at every tick: a trial
+  faster with confidence is written into the policy's params and promoted (published as the live
+  policy, a version whose note carries the evidence); one shown not faster enough, or still
+  undecided after ``tuner_math.MAX_WINDOWS_PER_TRIAL`` windows, is stopped; while undecided the
+  canary keeps running and its samples accumulate (``tuner_math.judge``: the (1+1)-ES's update);
 - a trial the automatic rollback ended counts as rejected;
 - every decision is kept (``TuningWindow``, with the trial's weights and p95): the dashboard's
   policy page draws them, and the newest holds the search's state.
@@ -99,17 +101,21 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
     state = dataclasses.replace(state, trial=trial)
     if canary.status == ExperimentStatusChoices.ROLLED_BACK:
         # The automatic rollback found it worse: a rejection, measured by the canary's own test.
-        result = tuner_math.judge(state, state.incumbent_p95_ms, math.inf, 0, rng, BOUNDS)
+        result = tuner_math.decide(state, False, "", rng, BOUNDS, incumbent_p95_ms=state.incumbent_p95_ms)
         result = dataclasses.replace(result, note=f"tuner: {_fmt(trial)} {canary.end_note}")
         return _record(policy, canary, trial, math.inf, 0, result, None, now_s)
     started_s = canary.started_at.timestamp() + SETTLE_S
-    if now_s - started_s < settings.GORGO_TUNER_WINDOW_S:
+    windows = int((now_s - started_s) // settings.GORGO_TUNER_WINDOW_S)
+    if windows < 1:
         return None
     ttfts = window_ttfts(redis_client(), canary.pk, started_s)
     if min(len(ttfts["live"]), len(ttfts["canary"])) < settings.GORGO_TUNER_MIN_REQUESTS:
-        return None
+        return None  # a quiet fleet gives no evidence either way: wait for it
+    test = tuner_math.compare_arms(ttfts["live"], ttfts["canary"], windows)
+    if test.verdict == "undecided":
+        return None  # the always-valid interval allows looking again at the next tick
     incumbent_p95, trial_p95 = p95(ttfts["live"]), p95(ttfts["canary"])
-    result = tuner_math.judge(state, incumbent_p95, trial_p95, len(ttfts["canary"]), rng, BOUNDS)
+    result = tuner_math.judge(state, test, rng, BOUNDS, live_p95_ms=incumbent_p95, trial_p95_ms=trial_p95)
     system = audit.system_user()
     version = None
     if result.outcome == "accepted":

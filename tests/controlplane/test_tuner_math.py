@@ -10,6 +10,7 @@ window as they would on the fleet. Driving windows explicitly keeps the test to 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -171,3 +172,113 @@ def test_it_stops_when_the_step_is_below_the_minimum() -> None:
 def test_its_state_round_trips_through_json() -> None:
     state = TunerState(incumbent=(1.5, 0.5), incumbent_p95_ms=120.0, sigma=0.2, trial=(1.4, 0.6), trials=3)
     assert TunerState.from_json(state.to_json()) == state
+
+
+# ---- the canary tuner's promotion rule (issue 24, item 4) ------------------------------------------
+#
+# Synthetic arms shaped like the wall-clock benchmark's geo-chat TTFTs: log-normal around 150 ms
+# (log-sd 0.6) with 5 % of requests 5x slower (a queue, a cold cache), about 80 answered requests
+# per arm in a window.
+
+ARM_REQUESTS_PER_WINDOW = 80
+TRIALS = 400
+
+
+def synthetic_arm(rng: random.Random, requests: int, speed: float = 1.0) -> list[float]:
+    values = []
+    for _ in range(requests):
+        ttft_ms = 150.0 * math.exp(rng.gauss(0.0, 0.6))
+        if rng.random() < 0.05:
+            ttft_ms *= 5.0
+        values.append(ttft_ms * speed)
+    return values
+
+
+def run_trial(seed: int, speed: float) -> tuner_math.ArmTest:
+    """One trial as the tuner runs it: a window's samples more per look until a verdict."""
+    rng = random.Random(seed)
+    live: list[float] = []
+    trial: list[float] = []
+    for windows in range(1, tuner_math.MAX_WINDOWS_PER_TRIAL + 1):
+        live += synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW)
+        trial += synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW, speed)
+        test = tuner_math.compare_arms(live, trial, windows)
+        if test.verdict != "undecided":
+            return test
+    raise AssertionError("the budget of windows must end every trial")
+
+
+def test_the_one_window_p95_rule_promotes_equal_arms_about_half_the_time() -> None:
+    # The rule the canary tuner had: the trial's p95 beat the live arm's by 2 % in one window.
+    promoted = 0
+    for seed in range(TRIALS):
+        rng = random.Random(seed)
+        live = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW)
+        trial = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW)
+        promoted += tuner_math.p95_rule_better(p95_of(live), p95_of(trial))
+    assert promoted / TRIALS > 0.35  # a coin toss: it follows noise
+
+
+def test_equal_arms_are_not_promoted() -> None:
+    tests = [run_trial(seed, speed=1.0) for seed in range(TRIALS)]
+    promoted = sum(1 for t in tests if t.verdict == "better")
+    assert promoted / TRIALS <= tuner_math.PROMOTE_ALPHA / 5  # 1 of 400 with these seeds
+    # undecided trials end at the budget: no trial runs for ever
+    assert all(t.windows <= tuner_math.MAX_WINDOWS_PER_TRIAL for t in tests)
+
+
+def test_a_clearly_better_arm_is_promoted_within_the_budget() -> None:
+    # 25 % faster (e.g. w_rtt halved on a fleet told a prefill speed 2x too fast)
+    tests = [run_trial(seed, speed=0.75) for seed in range(TRIALS)]
+    assert all(t.verdict == "better" for t in tests)
+    windows = sorted(t.windows for t in tests)
+    assert windows[len(windows) // 2] <= 3  # the median trial: 3 windows
+    assert windows[-1] <= tuner_math.MAX_WINDOWS_PER_TRIAL
+
+
+def test_a_clearly_worse_arm_is_stopped_before_the_budget() -> None:
+    test = run_trial(1, speed=1.5)
+    assert test.verdict == "not better" and test.windows < tuner_math.MAX_WINDOWS_PER_TRIAL
+
+
+def test_an_undecided_trial_shows_no_difference_at_the_budget() -> None:
+    rng = random.Random(5)
+    live = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW)
+    trial = synthetic_arm(rng, ARM_REQUESTS_PER_WINDOW, speed=0.97)
+    assert tuner_math.compare_arms(live, trial, 1).verdict == "undecided"
+    budget = tuner_math.compare_arms(live, trial, tuner_math.MAX_WINDOWS_PER_TRIAL)
+    assert budget.verdict == "no difference"
+
+
+def test_a_tie_reverts_but_widens_the_step_and_a_clear_loss_narrows_it() -> None:
+    # Shrinking the step after ties would make the next trial's effect smaller still, until the
+    # search stopped wherever it began (the wall-clock run told a prefill speed 2x off).
+    state = TunerState(incumbent=(1.0, 1.0), sigma=0.4, trial=(0.8, 1.0))
+    tie = tuner_math.ArmTest("no difference", -0.01, -0.08, 0.06, 600, 600, 8)
+    loss = tuner_math.ArmTest("not better", 0.2, 0.1, 0.3, 300, 300, 2)
+    tied = tuner_math.judge(state, tie, random.Random(1))
+    lost = tuner_math.judge(state, loss, random.Random(1))
+    assert tied.outcome == lost.outcome == "rejected" and tied.publish == lost.publish == (1.0, 1.0)
+    assert tied.state.sigma == 0.4 * tuner_math.NO_DIFFERENCE_FACTOR
+    assert lost.state.sigma == 0.4 * tuner_math.FAILURE_FACTOR
+    assert "no difference shown, a wider step next" in tied.note
+    capped = tuner_math.judge(
+        TunerState(incumbent=(1.0, 1.0), sigma=tuner_math.SIGMA_MAX, trial=(0.8, 1.0)), tie, random.Random(1)
+    )
+    assert capped.state.sigma == tuner_math.SIGMA_MAX
+
+
+def test_judge_promotes_on_the_tests_verdict_and_says_why() -> None:
+    rng = random.Random(2)
+    live = synthetic_arm(rng, 400)
+    trial = synthetic_arm(rng, 400, speed=0.6)
+    test = tuner_math.compare_arms(live, trial, 2)
+    state = TunerState(incumbent=(1.0, 1.0), sigma=0.4, trial=(0.5, 1.0))
+    result = tuner_math.judge(state, test, random.Random(1), live_p95_ms=300.0, trial_p95_ms=200.0)
+    assert result.outcome == "accepted" and result.state.incumbent == (0.5, 1.0)
+    assert result.state.incumbent_p95_ms == 200.0
+    assert "geometric-mean TTFT -" in result.note and "over 400 / 400 requests in 2 windows" in result.note
+
+
+def p95_of(values: list[float]) -> float:
+    return percentile(values, 95) or 0.0

@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.connections import redis_client
 from controlplane.locks import task_lock
-from controlplane.policies import experiments, publishing, tasks, tuning
+from controlplane.policies import experiments, publishing, tasks, tuner_math, tuning
 from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy, TuningWindow
 from routing.contract import (
     REQUEST_STREAM_FIELD,
@@ -131,6 +131,23 @@ def test_it_stops_a_worse_trial_and_keeps_the_live_weights(tuned) -> None:
         "tuner: reverted to w_rtt=4, w_queue=0.25"
     )
     assert window.state["sigma"] < 0.5 and window.state["incumbent_p95_ms"] is not None
+
+
+def test_it_keeps_an_undecided_trial_running_and_stops_it_at_the_budget(tuned, settings) -> None:
+    # 3 % faster at p95 in one window: the one-window rule promoted it; within this window's noise
+    # the promotion rule needs more samples, and after the budget of windows it is a tie: reverted,
+    # with a wider step next (a smaller one would show even less).
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 290.0)
+    assert tick(tuned) is None and running_canary() == canary
+    budget_s = tuning.SETTLE_S + settings.GORGO_TUNER_WINDOW_S * tuner_math.MAX_WINDOWS_PER_TRIAL
+    window = tick(tuned, after_s=budget_s + 1.0)
+    assert window is not None and window.outcome == "rejected"
+    assert f"in {tuner_math.MAX_WINDOWS_PER_TRIAL} windows" in window.note
+    assert live_weights() == (4.0, 0.25)
+    assert window.state["sigma"] == tuner_math.SIGMA_START * tuner_math.NO_DIFFERENCE_FACTOR
 
 
 def test_it_waits_for_a_full_window_with_enough_requests_in_both_arms(tuned) -> None:
