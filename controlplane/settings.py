@@ -332,7 +332,8 @@ GORGO_METRICS_TOKEN = envstr("GORGO_METRICS_TOKEN", "")
 # A pass that finds everything in place reads a few rows and two keys.
 GORGO_RECONCILE_INTERVAL_S = envfloat("GORGO_RECONCILE_INTERVAL_S", 5.0, minimum=1.0)
 # Online tuning (docs/routing.md): a window lasts at least GORGO_TUNER_WINDOW_S and holds at least
-# GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test.
+# GORGO_TUNER_MIN_REQUESTS answered requests routed with the weights under test; a canary trial is
+# judged after each window and runs for at most tuner_math.MAX_WINDOWS_PER_TRIAL of them.
 GORGO_TUNER_WINDOW_S = envfloat("GORGO_TUNER_WINDOW_S", 300.0, minimum=5.0)
 GORGO_TUNER_MIN_REQUESTS = envint("GORGO_TUNER_MIN_REQUESTS", 200, minimum=20)
 # Each trial runs as a canary on this share of the sessions (percent, more than 0 and at most 50).

@@ -218,8 +218,10 @@ class PolicyVersion(models.Model):
 
 
 class TuningWindow(models.Model):
-    """One window of the online tuner (GORGO v2) on a policy: the weights that were live, the p95
-    TTFT their requests saw, what the tuner decided, and the version it published (if any).
+    """One decision of the online tuner (GORGO v2) on a policy: the weights that were live, the p95
+    TTFT their requests saw, what the tuner decided, and the version it published (if any). A
+    canary trial spans as many windows as its verdict takes (``tuner_math.compare_arms``, at most
+    ``MAX_WINDOWS_PER_TRIAL``); the row is written when it is decided.
 
     ``state`` is the tuner's state after the decision (``policies.tuner_math.TunerState``); the newest
     window of a policy is where the next one starts.
