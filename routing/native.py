@@ -40,6 +40,8 @@ MODULES = (
     "routing.algorithms.prefix_affinity",
     "routing.algorithms.round_robin",
     "routing.algorithms.session_affinity",
+    "routing.cache.approx_index",
+    "routing.cache.kv_aware_index",
     "routing.frontdoor.auth",
     "routing.frontdoor.concurrency",
     "routing.frontdoor.front_door",

@@ -41,6 +41,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 
 import xxhash
+from mypy_extensions import mypyc_attr
 
 from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN
 from routing.contract import NodeSpec, PrefixUpdate
@@ -77,6 +78,7 @@ def chunk_hashes(prompt_text: str) -> list[int]:
     return hashes
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (routing/native.py); tests subclass it
 class ApproxPrefixIndex:
     """Chunk-hash prefix index per node, LRU-sized to each node's KV capacity, with a TTL.
 
