@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,23 +174,9 @@ def measured_ttft_ms(result: RequestResult) -> float:
     return result.ttft_ms if result.ttft_ms is not None else NO_ANSWER
 
 
-def ttft_percentile(values: Sequence[float], q: float) -> float | None:
-    """``percentile`` over TTFTs where +inf stands for a request that got no first token.
-
-    Linear interpolation between ranks, as ``percentile``; a rank next to a failure is +inf
-    (interpolating towards infinity), and None only when there are no requests at all.
-    """
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = math.ceil(rank)
-    if low == high or ordered[low] == ordered[high]:
-        return ordered[low]
-    if math.isinf(ordered[high]):
-        return NO_ANSWER
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+# Percentiles over TTFTs where +inf stands for a request that got no first token: the fleet
+# report's own percentile handles +inf (a rank next to a failure is +inf).
+ttft_percentile = percentile
 
 
 def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigures:

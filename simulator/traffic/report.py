@@ -24,13 +24,21 @@ class RegionSummary:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) with linear interpolation between ranks; None if empty."""
+    """The ``q``-th percentile (0-100) with linear interpolation between ranks; None if empty.
+
+    +inf values (a benchmark's requests that got no first token) sort last, and a rank next to
+    one is +inf (interpolating towards infinity), never nan.
+    """
     if not values:
         return None
     ordered = sorted(values)
     rank = (len(ordered) - 1) * q / 100.0
     low = math.floor(rank)
     high = math.ceil(rank)
+    if low == high or ordered[low] == ordered[high]:
+        return ordered[low]
+    if math.isinf(ordered[high]):
+        return ordered[high]
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 

@@ -7,6 +7,18 @@ from typing import Any
 from routing.contract import SCHEMA_VERSION, NodeLiveState
 from routing.resilience.breaker import HALF_OPEN, OPEN, Breakers, RetryBudget
 from routing.resilience.node_probe import NodeProber
+from tests.conftest import free_port
+from tests.routing.support import (
+    MODEL,
+    gateway_config,
+    make_node,
+    make_snapshot,
+    publish,
+    publish_live,
+    running_gateway,
+)
+from tests.support.vllm_stub import StubNode
+from tests.support.waiting import wait_for
 
 
 def live(node_id: int, healthy: bool) -> NodeLiveState:
@@ -114,16 +126,6 @@ class TestBreakersInTheGateway:
     async def test_a_fleet_of_failed_nodes_gets_503_with_retry_after_not_more_traffic(
         self, aredis, redis_keys, redis_url
     ):
-        from tests.conftest import free_port
-        from tests.routing.support import (
-            MODEL,
-            gateway_config,
-            make_node,
-            make_snapshot,
-            publish,
-            running_gateway,
-        )
-
         dead = make_node(1, f"http://127.0.0.1:{free_port()}", name="dead")
         await publish(aredis, redis_keys, make_snapshot((dead,)))
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
@@ -141,18 +143,6 @@ class TestBreakersInTheGateway:
     async def test_a_node_telemetry_saw_come_back_gets_requests_before_its_breaker_wait_is_over(
         self, aredis, redis_keys, redis_url
     ):
-        from tests.conftest import free_port
-        from tests.routing.support import (
-            MODEL,
-            gateway_config,
-            make_node,
-            make_snapshot,
-            publish,
-            publish_live,
-            running_gateway,
-        )
-        from tests.support.vllm_stub import StubNode
-        from tests.support.waiting import wait_for
 
         port = free_port()
         node = make_node(1, f"http://127.0.0.1:{port}", name="back")
