@@ -73,24 +73,27 @@ import zlib
 from dataclasses import dataclass
 from typing import Final
 
-from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
-from routing.contract import CostTerms, GorgoParams, NodeSpec
+from mypy_extensions import i64
 
-CAPACITY_FACTOR = 1.0
+from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
+from routing.contract import CostTerms, GorgoParams, NodeLiveState, NodeSpec
+
+# Final: compiled, a constant is inlined where a plain module global is a dict lookup per use.
+CAPACITY_FACTOR: Final = 1.0
 # At a full batch (running == max_num_seqs) a prefill takes this much longer again. vLLM steps mix
 # prefill chunks with one token per decoding sequence; the decode share of a step grows with the
 # batch. 0.25 matches the emulated H100 engine (6.5 ms + 0.06 ms per decoding sequence per step).
-DECODE_SLOWDOWN_AT_FULL_BATCH = 0.25
-HOT_LOAD_FACTOR = 2.0
-HOT_LOAD_SLACK_REQUESTS = 4
-TIE_BAND_REL = 0.05
-TIE_BAND_MS = 2.0
+DECODE_SLOWDOWN_AT_FULL_BATCH: Final = 0.25
+HOT_LOAD_FACTOR: Final = 2.0
+HOT_LOAD_SLACK_REQUESTS: Final = 4
+TIE_BAND_REL: Final = 0.05
+TIE_BAND_MS: Final = 2.0
 # How long a request decodes on a node (~128 tokens at ~7 ms a step); with the node's queue and its
 # prefill, how long it stays there: turns the requests outstanding there into their arrival rate
 # (Little's law) for the displacement term.
-RESIDENCE_MS = 1000.0
+RESIDENCE_MS: Final = 1000.0
 
-_DEFAULT_PARAMS = GorgoParams()
+_DEFAULT_PARAMS: Final = GorgoParams()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class Guards:
     spread_ties: bool = True
 
 
-ALL_GUARDS = Guards()
+ALL_GUARDS: Final = Guards()
 
 
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:
@@ -162,6 +165,44 @@ def _with_rtt(row: _Row, rtt_ms: float) -> _Row:
     return (requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, factor)
 
 
+def choose_and_price(
+    view: RoutingView, request: RoutingRequest, params: GorgoParams, node: NodeSpec, pricing: GorgoParams
+) -> tuple[Decision, CostTerms | None]:
+    """``choose_with(view, request, params, runner_up=False)`` and, from the same evaluation, the
+    terms ``node`` has among these candidates under ``pricing`` (None: ``node`` is not one of them).
+
+    Those are the terms ``choose`` under ``pricing`` gives ``node`` when it wins or runs up (the
+    hot-prefix guard and the displacement net of staying included): a shadow prices the live
+    policy's choice with them (issue 23), so a request both sides send to one node gets one
+    prediction, and the candidates are evaluated once instead of once more for that node.
+    """
+    w_displacement = params.w_displacement
+    default_rtt_ms = params.default_rtt_ms
+    w_rtt = pricing.w_rtt
+    w_queue = pricing.w_queue
+    pricing_w_displacement = pricing.w_displacement
+    pricing_default_rtt_ms = pricing.default_rtt_ms
+    totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, pricing_w_displacement != 0.0)
+    decision = _decide(totals, rows, full, w_displacement, ALL_GUARDS, view, False)
+    index = -1
+    for position, candidate in enumerate(view.candidates):
+        if candidate is node:
+            index = position
+            break
+    if index < 0:
+        return decision, None
+    row = rows[index]
+    if pricing_default_rtt_ms != default_rtt_ms and node.id not in view.rtt_ms:
+        row = _with_rtt(row, pricing_default_rtt_ms)
+    total_ms = (
+        w_rtt * row[_RTT]
+        + w_queue * row[_QUEUE]
+        + row[_PREFILL]
+        + pricing_w_displacement * row[_DISPLACEMENT_FACTOR]
+    )
+    return decision, _terms(total_ms, row, pricing_w_displacement)
+
+
 def price(view: RoutingView, request: RoutingRequest, node: NodeSpec, params: GorgoParams) -> CostTerms:
     """The terms of ``node`` alone under ``params``: what ``choose`` on a view with that one candidate
     returns, without building that view (a shadow prices the side whose algorithm prices nothing).
@@ -176,9 +217,11 @@ class _Fleet:
 
     candidates: tuple[NodeSpec, ...]
     # per candidate: node, id, region, region's slot, ms per prefill token, max_num_seqs (>= 1),
-    # the outstanding requests at which it is full
-    nodes: tuple[tuple[NodeSpec, int, str, int, float, int, float], ...]
+    # the outstanding requests at which it is full, its KV cache in tokens (read here once: a
+    # NodeSpec's attribute is a generic lookup in the compiled loop)
+    nodes: tuple[tuple[NodeSpec, int, str, int, float, int, float, int], ...]
     region_nodes: tuple[int, ...]  # candidates per region slot (the hot-prefix guard's means)
+    regions: tuple[str, ...]  # per candidate, its region (staying at home against a forward)
 
 
 def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
@@ -207,9 +250,10 @@ def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
                 1000.0 / rate if rate > 0 else 1000.0,
                 max_seqs,
                 max_seqs * CAPACITY_FACTOR,
+                node.kv_capacity_tokens,
             )
         )
-    fleet = _Fleet(candidates, tuple(nodes), tuple(region_nodes))
+    fleet = _Fleet(candidates, tuple(nodes), tuple(region_nodes), tuple(node.region for node in candidates))
     if len(_FLEETS) >= _FLEETS_KEPT:
         _FLEETS.clear()
     _FLEETS[id(candidates)] = fleet
@@ -231,8 +275,9 @@ def _lone(node: NodeSpec) -> _Fleet:
         1000.0 / rate if rate > 0 else 1000.0,
         max_seqs,
         max_seqs * CAPACITY_FACTOR,
+        node.kv_capacity_tokens,
     )
-    fleet = _Fleet((node,), (constants,), (1,))
+    fleet = _Fleet((node,), (constants,), (1,), (node.region,))
     if len(_LONE) >= _LONE_KEPT:
         _LONE.clear()
     _LONE[id(node)] = fleet
@@ -256,37 +301,45 @@ def _evaluate(
     w_rtt = params.w_rtt
     w_queue = params.w_queue
     w_displacement = params.w_displacement
+    default_rtt_ms = params.default_rtt_ms
     with_factor = bool(w_displacement or keep_factor)
     home = view.region
-    default_rtt_ms = params.default_rtt_ms
     prompt_tokens = request.prompt_tokens_est
     if prompt_tokens < 0:
         prompt_tokens = 0
     if fleet is None:
         fleet = _fleet(view.candidates)
-    matched_tokens = view.matched_tokens
-    load_of = view.load.get
-    rtt_of = view.rtt_ms.get
-    live_of = view.live.get if view.live else None
-    matched_of = matched_tokens.get
+    # The view's maps are dicts on the gateway's path: typed as dicts here, compiled lookups are
+    # direct (a Mapping's .get is a generic method call per node). Another Mapping is copied.
+    load_map = view.load
+    loads: dict[int, NodeLoad] = load_map if isinstance(load_map, dict) else dict(load_map)
+    rtt_map = view.rtt_ms
+    rtts: dict[int, float] = rtt_map if isinstance(rtt_map, dict) else dict(rtt_map)
+    live_map = view.live
+    lives: dict[int, NodeLiveState] = live_map if isinstance(live_map, dict) else dict(live_map)
+    matched_map = view.matched_tokens
+    matched_tokens: dict[int, int] = matched_map if isinstance(matched_map, dict) else dict(matched_map)
+    with_live = bool(lives)
     capacity_guard = guards.capacity
     # Per region slot: outstanding requests, for the hot-prefix guard (a node against its
     # region's others). Only when some node has cache credit to lose.
     region_requests: list[int] | None = None
     if guards.hot_prefix and matched_tokens and len(fleet.nodes) > 1:
         region_requests = [0] * len(fleet.region_nodes)
-        for _, node_id, _, slot, _, _, _ in fleet.nodes:
-            load = load_of(node_id)
+        for _, node_id, _, slot, _, _, _, _ in fleet.nodes:
+            load = loads.get(node_id)
             if load is not None:
                 region_requests[slot] += load.outstanding_requests
         region_nodes = fleet.region_nodes
     full: list[int] = []
     totals: list[float] = []
     rows: list[_Row] = []
-    add_total = totals.append
-    add_row = rows.append
-    for node, node_id, _region, slot, ms_per_token, max_seqs, capacity in fleet.nodes:
-        load = load_of(node_id)
+    # The displacement is priced net of staying (``_net_forwards``): none at home, and a forward
+    # pays what it displaces beyond the least a home node displaces (``staying``; -1: no home node).
+    staying = -1.0
+    forward_factor = False  # some forward has a factor to net
+    for node, node_id, region, slot, ms_per_token, max_seqs, capacity, kv_capacity in fleet.nodes:
+        load = loads.get(node_id)
         if load is None:
             requests = prefill_tokens = own_requests = held_tokens = 0
         else:
@@ -295,8 +348,8 @@ def _evaluate(
             own_requests = load.home_requests
             held_tokens = load.outstanding_context_tokens
         running = float(requests)  # a float: scraped counts may replace it
-        if live_of is not None:
-            live = live_of(node_id)
+        if with_live:
+            live = lives.get(node_id)
             if live is not None and live.num_running is not None:
                 scraped = live.num_running + (live.num_waiting or 0.0)
                 if scraped > running:
@@ -305,7 +358,7 @@ def _evaluate(
         if is_full:
             full.append(len(rows))
 
-        matched = matched_of(node_id, 0)
+        matched = matched_tokens.get(node_id, 0)
         if matched:
             if matched > prompt_tokens:
                 matched = prompt_tokens
@@ -321,14 +374,14 @@ def _evaluate(
 
         slowdown = DECODE_SLOWDOWN_AT_FULL_BATCH * running / max_seqs
         queue_ms = (prefill_tokens * (1.0 + slowdown) + uncached * slowdown) * ms_per_token
-        kv_excess = held_tokens + uncached - node.kv_capacity_tokens
+        kv_excess = held_tokens + uncached - kv_capacity
         if kv_excess > 0 and held_tokens:
             # The prompt does not fit beside what the outstanding requests hold: vLLM admits it
             # only as they finish and free their blocks, each after about a residence, so the
             # held tokens drain at held / RESIDENCE_MS per ms.
             queue_ms += kv_excess * RESIDENCE_MS / held_tokens
         prefill_ms = uncached * ms_per_token
-        rtt_ms = rtt_of(node_id, default_rtt_ms)
+        rtt_ms = rtts.get(node_id, default_rtt_ms)
         displacement_factor = 0.0
         if with_factor and own_requests:
             # The node's own region's requests that arrive while this one holds the node (Little:
@@ -336,11 +389,20 @@ def _evaluate(
             # for half its prefill or for all of it when it joins a queue. At home too: staying
             # is the alternative a forward is priced against (below).
             arrivals_per_ms = own_requests / (RESIDENCE_MS + queue_ms + prefill_ms)
-            displacement_factor = (
-                arrivals_per_ms * (queue_ms + prefill_ms) * min(prefill_ms, queue_ms + prefill_ms / 2)
-            )
-        add_total(w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + w_displacement * displacement_factor)
-        add_row(
+            each_waits_ms = queue_ms + prefill_ms / 2
+            if prefill_ms < each_waits_ms:  # min(), without the builtin's call
+                each_waits_ms = prefill_ms
+            displacement_factor = arrivals_per_ms * (queue_ms + prefill_ms) * each_waits_ms
+        if with_factor:
+            if region == home:
+                if staying < 0.0 or displacement_factor < staying:
+                    staying = displacement_factor
+                displacement_factor = 0.0
+            elif displacement_factor:
+                forward_factor = True
+        # .append in place (compiled: a direct list append; a bound method is a generic call)
+        totals.append(w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + w_displacement * displacement_factor)
+        rows.append(
             (
                 requests,
                 prefill_tokens,
@@ -354,30 +416,34 @@ def _evaluate(
                 displacement_factor,
             )
         )
-    if with_factor:
-        _net_of_staying(totals, rows, home, w_displacement)
+    if forward_factor and staying > 0.0:
+        _net_forwards(totals, rows, fleet.regions, home, staying, w_displacement)
     return totals, rows, full
 
 
-def _net_of_staying(totals: list[float], rows: list[_Row], home: str, w_displacement: float) -> None:
-    """Each forward's displacement beyond what staying at home displaces; none at home (in place).
+def _net_forwards(
+    totals: list[float],
+    rows: list[_Row],
+    regions: tuple[str, ...],
+    home: str,
+    staying: float,
+    w_displacement: float,
+) -> None:
+    """Each forward's displacement beyond what staying at home displaces (in place).
 
-    Staying costs the home region's own later arrivals the least any home node's factor says; a
-    forward is charged only what it displaces above that (never a credit: a forward that
-    displaces less than staying is left to the RTT, queue and prefill terms, as greedy routing
-    would). With no home candidate (an outage) every option is a forward and pays its whole factor.
+    Staying costs the home region's own later arrivals the least any home node's factor says
+    (``staying``, > 0 here); a forward is charged only what it displaces above that (never a
+    credit: a forward that displaces less than staying is left to the RTT, queue and prefill terms,
+    as greedy routing would). A home node is charged nothing (``_evaluate`` leaves its factor 0),
+    and with no home candidate (an outage) every option is a forward and pays its whole factor.
     """
-    staying = -1.0
-    for row in rows:
-        if row[_NODE].region == home and (staying < 0.0 or row[_DISPLACEMENT_FACTOR] < staying):
-            staying = row[_DISPLACEMENT_FACTOR]
-    if staying < 0.0:
-        return
     for index, row in enumerate(rows):
         raw = row[_DISPLACEMENT_FACTOR]
-        if not raw:
+        if not raw or regions[index] == home:
             continue
-        factor = 0.0 if row[_NODE].region == home else max(0.0, raw - staying)
+        factor = raw - staying
+        if factor < 0.0:
+            factor = 0.0
         totals[index] += w_displacement * (factor - raw)
         requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, _ = row
         rows[index] = (
@@ -446,10 +512,11 @@ _RTT: Final = 4
 _QUEUE: Final = 5
 _PREFILL: Final = 6
 _DISPLACEMENT_FACTOR: Final = 9
-_FLEETS: dict[int, _Fleet] = {}
-_FLEETS_KEPT = 64
-_LONE: dict[int, _Fleet] = {}
-_LONE_KEPT = 1024
+# Final: compiled, a module-level name is a dict lookup per use unless it is Final.
+_FLEETS: Final[dict[int, _Fleet]] = {}
+_FLEETS_KEPT: Final = 64
+_LONE: Final[dict[int, _Fleet]] = {}
+_LONE_KEPT: Final = 1024
 
 
 def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:
@@ -469,7 +536,16 @@ def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:
 def _pick(
     room: list[int] | None, totals: list[float], rows: list[_Row], spread_ties: bool, view: RoutingView
 ) -> int:
-    best_ms = min(totals) if room is None else min([totals[index] for index in room])
+    # A loop, not min(): the builtin's call costs more than three comparisons (compiled).
+    best_ms = math.inf
+    if room is None:
+        for total_ms in totals:
+            if total_ms < best_ms:
+                best_ms = total_ms
+    else:
+        for index in room:
+            if totals[index] < best_ms:
+                best_ms = totals[index]
     limit_ms = best_ms + best_ms * TIE_BAND_REL + TIE_BAND_MS if spread_ties else best_ms
     if room is None:
         tied = [index for index, total_ms in enumerate(totals) if total_ms <= limit_ms]
@@ -488,26 +564,31 @@ def _pick(
         tied = [tied[first], tied[second]]
     best = tied[0]
     for index in tied[1:]:  # the lightest: fewest requests, then prefill tokens, then total
+        # Field by field, not as tuples: compiled, a tuple comparison builds and compares objects.
         row, best_row = rows[index], rows[best]
-        if (row[_REQUESTS], row[_PREFILL_TOKENS], totals[index]) < (
-            best_row[_REQUESTS],
-            best_row[_PREFILL_TOKENS],
-            totals[best],
-        ):
+        if row[_REQUESTS] != best_row[_REQUESTS]:
+            lighter = row[_REQUESTS] < best_row[_REQUESTS]
+        elif row[_PREFILL_TOKENS] != best_row[_PREFILL_TOKENS]:
+            lighter = row[_PREFILL_TOKENS] < best_row[_PREFILL_TOKENS]
+        else:
+            lighter = totals[index] < totals[best]
+        if lighter:
             best = index
     return best
 
 
-def _mix(value: int) -> int:
+def _mix(value: i64) -> i64:
     """A 32-bit integer hash (two multiply-xorshift rounds): consecutive counters become unrelated
-    draws. 32 bits, so every product stays below 2**62: compiled, a small int, not a big one."""
+    draws. 32 bits, so every product stays below 2**59; ``i64``, so compiled it is machine
+    arithmetic (mypyc's ``int`` multiplies operands of 2**30 or more as Python objects, ~2k
+    instructions a draw); interpreted, ``i64`` is ``int`` and the draws are the same."""
     value &= 0xFFFFFFFF
     value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
     value = ((value ^ (value >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
     return value ^ (value >> 16)
 
 
-_SEEDS: dict[str, int] = {}
+_SEEDS: Final[dict[str, int]] = {}
 
 
 def _gateway_seed(gateway_id: str) -> int:

@@ -203,6 +203,10 @@ class KVAwareIndex:
             predicted = int(tokens / max(trust, 1e-3)) if tokens else 0
         self.last_prediction = (node_id, mode, predicted)
         if mode != "precise":
+            # Only a node with a subscriber can be precise: the others (every node, in a fleet that
+            # publishes no KV events) cost no clock read and no call per request.
+            if node_id not in self.events.subscribers:
+                return
             now = self._clock()
             if self.events.mode(node_id, now) == "precise":
                 # A precise node routed on estimates (the prompt's tokens were not known yet).

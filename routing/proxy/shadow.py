@@ -6,12 +6,16 @@ parameters. Its candidates are the live view's when its guards are the live poli
 case, and the one that includes this gateway's breakers and admission), else its own eligible
 nodes for the model. Both sides' predicted TTFT terms are logged: an algorithm that prices nothing
 (round robin, least load, ...) is priced by the GORGO cost model for the node it chose, so the two
-sides are compared on one model. A shadow that only moves gorgo's weights reuses the live
-decision's per-node terms (``decide_with_shadow``). Nothing here touches the index, the in-flight
-bookkeeping or the network: the shadow serves nothing.
+sides are compared on one model. A gorgo shadow on the live candidates prices that node from its
+own evaluation of them (``gorgo.choose_and_price``: the terms gorgo gives the node there, so a
+request both sides send to one node gets one prediction). A shadow that only moves gorgo's
+weights reuses the live decision's per-node terms (``decide_with_shadow``). Nothing here touches
+the index, the in-flight bookkeeping or the network: the shadow serves nothing.
 """
 
 from __future__ import annotations
+
+from typing import Final
 
 import msgspec
 
@@ -20,7 +24,7 @@ from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, Rou
 from routing.contract import AlgorithmParams, CostTerms, GorgoParams, NodeSpec
 from routing.state.trials import TrialRoute
 
-_PRICING_PARAMS = GorgoParams()
+_PRICING_PARAMS: Final = GorgoParams()
 
 
 class ShadowOutcome(msgspec.Struct, frozen=True):
@@ -64,13 +68,22 @@ def shadow_decision(
 
     The issue's budget is 10 us a request, so no second ``RoutingView`` unless the shadow needs
     one (other candidates, or parameters its algorithm reads), gorgo without the runner-up the
-    shadow does not log, and pricing through ``gorgo.price`` (one node, no view).
+    shadow does not log, and pricing through ``gorgo.price`` (one node, no view) unless a gorgo
+    shadow evaluates the live candidates anyway (``gorgo.choose_and_price``).
     """
-    live_cost = None if _priced(live) else price(view, request, live.node)
+    priced = _priced(live)
     candidates = view.candidates if shadow.same_guards else shadow.candidates.get(request.model)
+    params = shadow.params
+    # type() is, not isinstance(): a msgspec struct's isinstance is a generic call, compiled.
+    if not priced and candidates is view.candidates and type(params) is GorgoParams:
+        pricing = view.params if type(view.params) is GorgoParams else _PRICING_PARAMS
+        decision, live_cost = gorgo.choose_and_price(view, request, params, live.node, pricing)
+        if live_cost is None:  # the live choice is not among the view's candidates (never on the path)
+            live_cost = price(view, request, live.node)
+        return ShadowOutcome(shadow.id, decision.node, decision.cost, live_cost)
+    live_cost = None if priced else price(view, request, live.node)
     if not candidates:
         return ShadowOutcome(shadow.id, None, None, live_cost)
-    params = shadow.params
     if isinstance(params, GorgoParams):
         shadow_view = view if candidates is view.candidates else _beside(view, candidates, params)
         decision = gorgo.choose_with(shadow_view, request, params, runner_up=False)

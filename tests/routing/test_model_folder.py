@@ -49,10 +49,17 @@ def test_explicit_paths_win_and_the_folder_fills_the_template() -> None:
     assert tokenizer_files(ModelSpec("m", 16, 8192)) is None
 
 
+class _Subscriber:
+    def mode(self, now_s: float) -> str:
+        return "precise"
+
+
 class _Events:
+    """KVEvents as when nodes 1-8 each have a subscriber whose events are current (precise)."""
+
     def __init__(self) -> None:
         self.index = PreciseIndex()
-        self.subscribers: dict = {}
+        self.subscribers: dict = {node_id: _Subscriber() for node_id in range(1, 9)}
 
     def mode(self, node_id: int, now_s: float | None = None) -> str:
         return "precise"

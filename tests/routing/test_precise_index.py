@@ -43,10 +43,17 @@ def test_a_block_with_an_unknown_parent_is_not_keyed() -> None:
     assert index.blocks(1) == 0
 
 
+class _Subscriber:
+    def mode(self, now_s: float) -> str:
+        return "precise"
+
+
 class _Events:
+    """KVEvents as when nodes 1-8 each have a subscriber whose events are current (precise)."""
+
     def __init__(self, index: PreciseIndex) -> None:
         self.index = index
-        self.subscribers: dict = {}
+        self.subscribers: dict = {node_id: _Subscriber() for node_id in range(1, 9)}
 
     def mode(self, node_id: int, now_s: float | None = None) -> str:
         return "precise"
