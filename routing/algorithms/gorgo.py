@@ -148,10 +148,10 @@ def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams)
     if other.default_rtt_ms != params.default_rtt_ms:
         measured = view.rtt_ms
         default_rtt_ms = other.default_rtt_ms
-        other_rows = [row if row[_NODE].id in measured else _with_rtt(row, default_rtt_ms) for row in rows]
+        other_rows = [row if row.node_id in measured else _with_rtt(row, default_rtt_ms) for row in rows]
     w_rtt, w_queue, w_displacement = other.w_rtt, other.w_queue, other.w_displacement
     reweighed = [
-        w_rtt * row[_RTT] + w_queue * row[_QUEUE] + row[_PREFILL] + w_displacement * row[_DISPLACEMENT_FACTOR]
+        w_rtt * row.rtt_ms + w_queue * row.queue_ms + row.prefill_ms + w_displacement * row.factor
         for row in other_rows
     ]
     return (
@@ -161,8 +161,19 @@ def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams)
 
 
 def _with_rtt(row: _Row, rtt_ms: float) -> _Row:
-    requests, prefill_tokens, full, node, _, queue_ms, prefill_ms, matched, uncached, factor = row
-    return (requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, factor)
+    return _Row(
+        row.requests,
+        row.prefill_tokens,
+        row.full,
+        row.node,
+        row.node_id,
+        rtt_ms,
+        row.queue_ms,
+        row.prefill_ms,
+        row.matched,
+        row.uncached,
+        row.factor,
+    )
 
 
 def choose_and_price(
@@ -195,10 +206,7 @@ def choose_and_price(
     if pricing_default_rtt_ms != default_rtt_ms and node.id not in view.rtt_ms:
         row = _with_rtt(row, pricing_default_rtt_ms)
     total_ms = (
-        w_rtt * row[_RTT]
-        + w_queue * row[_QUEUE]
-        + row[_PREFILL]
-        + pricing_w_displacement * row[_DISPLACEMENT_FACTOR]
+        w_rtt * row.rtt_ms + w_queue * row.queue_ms + row.prefill_ms + pricing_w_displacement * row.factor
     )
     return decision, _terms(total_ms, row, pricing_w_displacement)
 
@@ -403,11 +411,12 @@ def _evaluate(
         # .append in place (compiled: a direct list append; a bound method is a generic call)
         totals.append(w_rtt * rtt_ms + w_queue * queue_ms + prefill_ms + w_displacement * displacement_factor)
         rows.append(
-            (
+            _Row(
                 requests,
                 prefill_tokens,
                 is_full,
                 node,
+                node_id,
                 rtt_ms,
                 queue_ms,
                 prefill_ms,
@@ -438,26 +447,14 @@ def _net_forwards(
     and with no home candidate (an outage) every option is a forward and pays its whole factor.
     """
     for index, row in enumerate(rows):
-        raw = row[_DISPLACEMENT_FACTOR]
+        raw = row.factor
         if not raw or regions[index] == home:
             continue
         factor = raw - staying
         if factor < 0.0:
             factor = 0.0
         totals[index] += w_displacement * (factor - raw)
-        requests, prefill_tokens, full, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, _ = row
-        rows[index] = (
-            requests,
-            prefill_tokens,
-            full,
-            node,
-            rtt_ms,
-            queue_ms,
-            prefill_ms,
-            matched,
-            uncached,
-            factor,
-        )
+        row.factor = factor
 
 
 def _decide(
@@ -473,7 +470,7 @@ def _decide(
     count = len(totals)
     # None: every candidate (the usual case, scanned at C speed); else those with room.
     room = (
-        [index for index in range(count) if not rows[index][_FULL]]
+        [index for index in range(count) if not rows[index].full]
         if full and guards.capacity and len(full) < count
         else None
     )
@@ -493,25 +490,63 @@ def _decide(
             if runner_up == winner:  # every other total is infinite: the first of them
                 runner_up = 1 if winner == 0 else 0
     return Decision(
-        node=rows[winner][_NODE],
+        node=rows[winner].node,
         cost=_terms(totals[winner], rows[winner], w_displacement),
         runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement) if runner_up >= 0 else None,
     )
 
 
-# One candidate's terms: a plain tuple (building 64 of them per decision is the hot loop, and a
-# tuple costs a fraction of a class instance); its total is in a list beside it, so a shadow that
-# only moves the weights weighs the same rows again.
-_Row = tuple[int, int, bool, NodeSpec, float, float, float, int, int, float]
-# Final: a literal index tells the type checker (and mypyc, which compiles this module) each field's type.
-_REQUESTS: Final = 0
-_PREFILL_TOKENS: Final = 1
-_FULL: Final = 2
-_NODE: Final = 3
-_RTT: Final = 4
-_QUEUE: Final = 5
-_PREFILL: Final = 6
-_DISPLACEMENT_FACTOR: Final = 9
+class _Row:
+    """One candidate's terms; its total is in a list beside it, so a shadow that only moves the
+    weights weighs the same rows again.
+
+    A class, not a tuple: compiled (routing/native.py) its fields are stored unboxed and read
+    directly, where reading a tuple's row unboxes all ten fields (and building one boxes them):
+    ~40 % of this module's instructions per decision went to that. ``factor`` is the
+    displacement's, netted in place (``_net_forwards``).
+    """
+
+    __slots__ = (
+        "factor",
+        "full",
+        "matched",
+        "node",
+        "node_id",
+        "prefill_ms",
+        "prefill_tokens",
+        "queue_ms",
+        "requests",
+        "rtt_ms",
+        "uncached",
+    )
+
+    def __init__(
+        self,
+        requests: int,
+        prefill_tokens: int,
+        full: bool,
+        node: NodeSpec,
+        node_id: int,
+        rtt_ms: float,
+        queue_ms: float,
+        prefill_ms: float,
+        matched: int,
+        uncached: int,
+        factor: float,
+    ) -> None:
+        self.requests: Final = requests
+        self.prefill_tokens: Final = prefill_tokens
+        self.full: Final = full
+        self.node: Final = node
+        self.node_id: Final = node_id
+        self.rtt_ms: Final = rtt_ms
+        self.queue_ms: Final = queue_ms
+        self.prefill_ms: Final = prefill_ms
+        self.matched: Final = matched
+        self.uncached: Final = uncached
+        self.factor = factor
+
+
 # Final: compiled, a module-level name is a dict lookup per use unless it is Final.
 _FLEETS: Final[dict[int, _Fleet]] = {}
 _FLEETS_KEPT: Final = 64
@@ -520,16 +555,15 @@ _LONE_KEPT: Final = 1024
 
 
 def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:
-    _, _, _, node, rtt_ms, queue_ms, prefill_ms, matched, uncached, displacement_factor = row
     return CostTerms(
-        node_id=node.id,
+        node_id=row.node_id,
         total_ms=total_ms,
-        rtt_ms=rtt_ms,
-        queue_ms=queue_ms,
-        prefill_ms=prefill_ms,
-        matched_tokens=matched,
-        uncached_tokens=uncached,
-        displacement_ms=w_displacement * displacement_factor,
+        rtt_ms=row.rtt_ms,
+        queue_ms=row.queue_ms,
+        prefill_ms=row.prefill_ms,
+        matched_tokens=row.matched,
+        uncached_tokens=row.uncached,
+        displacement_ms=w_displacement * row.factor,
     )
 
 
@@ -566,10 +600,10 @@ def _pick(
     for index in tied[1:]:  # the lightest: fewest requests, then prefill tokens, then total
         # Field by field, not as tuples: compiled, a tuple comparison builds and compares objects.
         row, best_row = rows[index], rows[best]
-        if row[_REQUESTS] != best_row[_REQUESTS]:
-            lighter = row[_REQUESTS] < best_row[_REQUESTS]
-        elif row[_PREFILL_TOKENS] != best_row[_PREFILL_TOKENS]:
-            lighter = row[_PREFILL_TOKENS] < best_row[_PREFILL_TOKENS]
+        if row.requests != best_row.requests:
+            lighter = row.requests < best_row.requests
+        elif row.prefill_tokens != best_row.prefill_tokens:
+            lighter = row.prefill_tokens < best_row.prefill_tokens
         else:
             lighter = totals[index] < totals[best]
         if lighter:

@@ -275,7 +275,11 @@ class KVAwareIndex:
     def note_served(self, node_id: int, prompt_tokens: int | None, predicted_cached_tokens: int = 0) -> None:
         """The node answered a request: when the prompt had a full block the index did not show
         the node holding, vLLM cached it and its event is due (a node that sends none is flagged).
-        A short or fully cached prompt stores no block, and is no sign either way."""
+        A short or fully cached prompt stores no block, and is no sign either way. A node
+        without a subscriber has no events to wait for: nothing to work out (every request,
+        in a fleet that publishes no KV events)."""
+        if node_id not in self.events.subscribers:
+            return
         block_size = self.block_size(node_id)
         if (
             prompt_tokens is None

@@ -188,6 +188,7 @@ def test_only_requests_that_must_store_a_block_count_toward_silence() -> None:
 
     class Events:
         index = KVEvents().index
+        subscribers = {NODE_ID: object()}  # the node publishes events (a node without them: below)
 
         def note_served(self, node_id: int) -> None:
             noted.append(node_id)
@@ -200,4 +201,7 @@ def test_only_requests_that_must_store_a_block_count_toward_silence() -> None:
     assert noted == []
     index.note_served(NODE_ID, 100, predicted_cached_tokens=64)  # block 3 is new
     index.note_served(NODE_ID, 40)
+    assert noted == [NODE_ID, NODE_ID]
+    index.set_block_sizes({NODE_ID + 1: 32})
+    index.note_served(NODE_ID + 1, 100)  # a node with no subscriber has no events to wait for
     assert noted == [NODE_ID, NODE_ID]
