@@ -534,10 +534,10 @@ class RTTTable(msgspec.Struct, frozen=True):
 # --------------------------------------------------------------------------------------------
 
 
-class CostTerms(msgspec.Struct, frozen=True):
+class CostTerms(msgspec.Struct, frozen=True, omit_defaults=True):
     """How an algorithm valued one candidate node (ms unless named otherwise).
 
-    Algorithms that do not model a term leave it at 0.
+    Algorithms that do not model a term leave it at 0 (not written in a record: ``omit_defaults``).
     """
 
     node_id: int

@@ -144,11 +144,16 @@ class ApproxPrefixIndex:
 
         Works on the text only; ``prompt_ids`` is for precise indexes (``routing.cache.kv_aware_index``).
         """
-        return self.match_hashes(self.text_hashes(prompt_text), node_ids, self._clock())
+        hashes = self.text_hashes(prompt_text)
+        if not hashes:  # shorter than a chunk: nothing to match, no clock to read
+            return {}
+        return self.match_hashes(hashes, node_ids, self._clock())
 
     def insert(self, node_id: int, prompt_text: str) -> None:
         """Record that the prompt was sent to ``node_id`` (and queue it for the other gateways)."""
-        self.insert_hashes(node_id, self.text_hashes(prompt_text), self._clock())
+        hashes = self.text_hashes(prompt_text)
+        if hashes:  # shorter than a chunk: nothing to record
+            self.insert_hashes(node_id, hashes, self._clock())
 
     # ---- hash level ---------------------------------------------------------------------------
 

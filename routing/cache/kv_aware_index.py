@@ -94,18 +94,21 @@ class KVAwareIndex:
         prompt_ids: array | None = None,
         tenant: Tenant | None = None,
     ) -> dict[int, int]:
-        now = self._clock()
-        events = self.events
         self._last_keys = {}
-        self._last_now = now
         self._last_matched = {}
         if prompt_ids is None:
             # No token ids: every node is matched approximately (insert's default mode), and
-            # the prediction before trust is worked out for the chosen node only (insert).
+            # the prediction before trust is worked out for the chosen node only (insert), from
+            # the time of this match (read only when there is a match to discount).
             self._last_modes = {}
             result = self.approx.match(node_ids, prompt_text) if node_ids else {}
             self._last_approx = result
+            if result:
+                self._last_now = self._clock()
             return result
+        now = self._clock()
+        events = self.events
+        self._last_now = now
         modes: dict[int, Mode] = {}
         approx_nodes: list[int] = []
         precise_nodes: list[int] = []

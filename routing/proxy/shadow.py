@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Final
 
-import msgspec
-
 from routing.algorithms import gorgo
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.contract import AlgorithmParams, CostTerms, GorgoParams, NodeSpec
@@ -27,16 +25,32 @@ from routing.state.trials import TrialRoute
 _PRICING_PARAMS: Final = GorgoParams()
 
 
-class ShadowOutcome(msgspec.Struct, frozen=True):
+class ShadowOutcome:
     """What the shadow would have done, and the live decision's terms when its algorithm gave none.
 
-    A struct, not a frozen dataclass: one is built per request, and msgspec builds it in C.
+    A plain class with ``Final`` fields (compiled with this module: built and read directly, where
+    a msgspec struct is a generic call per request).
     """
 
-    trial_id: int
-    node: NodeSpec | None  # None: the shadow has no eligible node for the model
-    cost: CostTerms | None
-    live_cost: CostTerms | None  # None: the live decision's own cost terms stand
+    __slots__ = ("cost", "live_cost", "node", "trial_id")
+
+    def __init__(
+        self,
+        trial_id: int,
+        node: NodeSpec | None,  # None: the shadow has no eligible node for the model
+        cost: CostTerms | None,
+        live_cost: CostTerms | None,  # None: the live decision's own cost terms stand
+    ) -> None:
+        self.trial_id: Final = trial_id
+        self.node: Final = node
+        self.cost: Final = cost
+        self.live_cost: Final = live_cost
+
+    def __repr__(self) -> str:
+        return (
+            f"ShadowOutcome(trial_id={self.trial_id!r}, node={self.node!r}, cost={self.cost!r}, "
+            f"live_cost={self.live_cost!r})"
+        )
 
 
 def decide_with_shadow(
