@@ -111,51 +111,56 @@ class RequestOutcome:
         prediction = exchange.prediction
         shadow = exchange.shadow
         key = exchange.key if exchange.key is not None else exchange.refused_key
+        # Positional, in RequestRecord's field order (each line names its field; a test builds a
+        # record with every field distinct): msgspec matches 36 keyword names at ~2.7 us a record,
+        # positional arguments cost ~0.3 us.
         return RequestRecord(
-            schema_version=SCHEMA_VERSION,
-            request_id=exchange.request_id,
-            ts=exchange.ts,
-            gateway_region=self._region,
-            gateway_id=self._gateway_id,
-            model=parsed.model if parsed is not None else "",
-            status=exchange.status,
-            stream=exchange.stream,
-            node_id=node.id if node is not None else None,
-            node_region=node.region if node is not None else None,
-            algorithm=table.snapshot.policy.algorithm if table is not None else None,
-            policy_version=table.snapshot.version if table is not None else None,
-            prompt_chars=parsed.prompt_chars if parsed is not None else 0,
-            prompt_tokens_est=exchange.prompt_tokens_est,
-            prompt_tokens=usage.prompt_tokens if usage is not None else None,
-            cached_tokens=details.cached_tokens if details is not None else None,
-            completion_tokens=usage.completion_tokens if usage is not None else None,
-            routing_us=exchange.routing_s * 1e6,
-            gateway_ms=(exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,
-            ttft_ms=exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,
-            total_ms=total_s * 1000,
-            bytes_out=exchange.bytes_out,
-            error=exchange.error,
-            cost=(
+            SCHEMA_VERSION,  # schema_version
+            exchange.request_id,  # request_id
+            exchange.ts,  # ts
+            self._region,  # gateway_region
+            self._gateway_id,  # gateway_id
+            parsed.model if parsed is not None else "",  # model
+            exchange.status,  # status
+            exchange.stream,  # stream
+            node.id if node is not None else None,  # node_id
+            node.region if node is not None else None,  # node_region
+            table.snapshot.policy.algorithm if table is not None else None,  # algorithm
+            table.snapshot.version if table is not None else None,  # policy_version
+            parsed.prompt_chars if parsed is not None else 0,  # prompt_chars
+            exchange.prompt_tokens_est,  # prompt_tokens_est
+            usage.prompt_tokens if usage is not None else None,  # prompt_tokens
+            details.cached_tokens if details is not None else None,  # cached_tokens
+            usage.completion_tokens if usage is not None else None,  # completion_tokens
+            exchange.routing_s * 1e6,  # routing_us
+            (exchange.sent_s - exchange.arrival_s) * 1000 if exchange.sent_s else 0.0,  # gateway_ms
+            exchange.ttft_s * 1000 if exchange.ttft_s is not None else None,  # ttft_ms
+            total_s * 1000,  # total_ms
+            exchange.bytes_out,  # bytes_out
+            exchange.error,  # error
+            (  # cost: the live side's, priced by the shadow when its algorithm prices nothing
                 shadow.live_cost
                 if shadow is not None and shadow.live_cost is not None
                 else decision.cost
                 if decision is not None
                 else None
             ),
-            runner_up=decision.runner_up if decision is not None else None,
-            key_id=key.id if key is not None else None,
-            priority=key.priority if key is not None else None,
-            prefix_index_mode=prediction[1] if prediction is not None else None,
-            predicted_cached_tokens=prediction[2] if prediction is not None else None,
-            # What-if replay rebuilds shared prefixes from these (hashes, never the text); off the
-            # decision path: the answer has been relayed by now.
-            prefix_hashes=record_prefix_hashes(exchange),
-            canary_id=exchange.canary_id,
-            arm=exchange.arm,
-            shadow_id=shadow.trial_id if shadow is not None else None,
-            shadow_node_id=shadow.node.id if shadow is not None and shadow.node is not None else None,
-            shadow_node_region=shadow.node.region if shadow is not None and shadow.node is not None else None,
-            shadow_cost=shadow.cost if shadow is not None else None,
+            decision.runner_up if decision is not None else None,  # runner_up
+            prediction[1] if prediction is not None else None,  # prefix_index_mode
+            prediction[2] if prediction is not None else None,  # predicted_cached_tokens
+            key.id if key is not None else None,  # key_id
+            key.priority if key is not None else None,  # priority
+            # prefix_hashes: what-if replay rebuilds shared prefixes from these (hashes, never the
+            # text); off the decision path: the answer has been relayed by now.
+            record_prefix_hashes(exchange),
+            exchange.canary_id,  # canary_id
+            exchange.arm,  # arm
+            shadow.trial_id if shadow is not None else None,  # shadow_id
+            shadow.node.id if shadow is not None and shadow.node is not None else None,  # shadow_node_id
+            shadow.node.region
+            if shadow is not None and shadow.node is not None
+            else None,  # shadow_node_region
+            shadow.cost if shadow is not None else None,  # shadow_cost
         )
 
     def _observe_cache(

@@ -135,3 +135,101 @@ class TestRequestLogBatches:
         assert [(r.request_id, r.error) for r in decoded] == [
             (f"req-{index}", error) for index, error in enumerate(errors)
         ]
+
+
+def test_the_record_carries_every_field_where_its_name_says() -> None:
+    """``RequestOutcome._record`` builds the record positionally (msgspec's keyword matching costs
+    ~2.7 us a record): every field gets a distinct value here, and each must land under its name."""
+    from routing.algorithms import REGISTRY
+    from routing.algorithms.base import Decision
+    from routing.cache.approx_index import ApproxPrefixIndex, chunk_hashes
+    from routing.cache.prompt import parse_body
+    from routing.cache.token_ratio import CharsPerToken
+    from routing.config import GatewayConfig
+    from routing.contract import ClientKeySpec, CostTerms, RoundRobinParams
+    from routing.http.usage import PromptTokensDetails, Usage
+    from routing.observability.exporter import GatewayMetrics
+    from routing.proxy.exchange import Exchange
+    from routing.proxy.outcome import RequestOutcome
+    from routing.proxy.shadow import ShadowOutcome
+    from routing.state.table import build_table
+    from simulator.snapshots import MODEL, make_node, make_snapshot
+
+    home, abroad = make_node(11, region="us-east"), make_node(12, region="eu-central")
+    snapshot = make_snapshot((home, abroad), version=42, params=RoundRobinParams())
+    table = build_table(snapshot, "us-east", REGISTRY, {}, {})
+    prompt = "a shared system prompt that is longer than one chunk of the index " * 8
+    exchange = Exchange(arrival_s=100.0, ts=1_700_000_000.5, table=table)
+    exchange.request_id = "req-distinct"
+    exchange.parsed = parse_body(
+        "chat", msgspec.json.encode({"model": MODEL, "messages": [{"role": "user", "content": prompt}]})
+    )
+    exchange.prompt_tokens_est = 131
+    exchange.status = 203
+    exchange.stream = True
+    exchange.routing_s = 0.000017
+    exchange.sent_s = 100.002
+    exchange.ttft_s = 0.035
+    exchange.bytes_out = 4_321
+    exchange.error = "a distinct error"
+    live_cost = CostTerms(node_id=11, total_ms=1.0, rtt_ms=2.0, queue_ms=3.0, prefill_ms=4.0)
+    exchange.decision = Decision(home, None, CostTerms(node_id=12, total_ms=9.0), None)
+    exchange.prediction = (11, "approximate", 77)
+    exchange.usage = Usage(
+        prompt_tokens=140, completion_tokens=19, prompt_tokens_details=PromptTokensDetails(55)
+    )
+    exchange.key = ClientKeySpec(id="key-distinct", secret_sha256="0" * 64, owner="o", priority="batch")
+    exchange.canary_id = 5
+    exchange.arm = "canary"
+    shadow_cost = CostTerms(node_id=12, total_ms=6.0, rtt_ms=88.0)
+    exchange.shadow = ShadowOutcome(9, abroad, shadow_cost, live_cost)
+    outcome = RequestOutcome(
+        GatewayConfig(region="us-east", gateway_id="gw-distinct"),
+        None,  # type: ignore[arg-type]  (only _record is called)
+        GatewayMetrics(),
+        ApproxPrefixIndex(),
+        CharsPerToken(4.0),
+        None,
+    )
+    record = outcome._record(exchange, 0.25)
+    expected = RequestRecord(
+        schema_version=SCHEMA_VERSION,
+        request_id="req-distinct",
+        ts=1_700_000_000.5,
+        gateway_region="us-east",
+        gateway_id="gw-distinct",
+        model=MODEL,
+        status=203,
+        stream=True,
+        node_id=11,
+        node_region="us-east",
+        algorithm="round_robin",
+        policy_version=42,
+        prompt_chars=len(exchange.parsed.prompt_text),
+        prompt_tokens_est=131,
+        prompt_tokens=140,
+        cached_tokens=55,
+        completion_tokens=19,
+        routing_us=pytest.approx(17.0),
+        gateway_ms=pytest.approx(2.0),
+        ttft_ms=pytest.approx(35.0),
+        total_ms=250.0,
+        bytes_out=4_321,
+        error="a distinct error",
+        cost=live_cost,  # the shadow priced the live side
+        runner_up=CostTerms(node_id=12, total_ms=9.0),
+        prefix_index_mode="approximate",
+        predicted_cached_tokens=77,
+        key_id="key-distinct",
+        priority="batch",
+        prefix_hashes=tuple(chunk_hashes(exchange.parsed.prompt_text)),
+        canary_id=5,
+        arm="canary",
+        shadow_id=9,
+        shadow_node_id=12,
+        shadow_node_region="eu-central",
+        shadow_cost=shadow_cost,
+    )
+    assert record.prefix_hashes  # the prompt is longer than a chunk
+    for field in RequestRecord.__struct_fields__:
+        assert getattr(record, field) == getattr(expected, field), field
