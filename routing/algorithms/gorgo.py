@@ -187,12 +187,14 @@ def choose_and_price(
     policy's choice with them (issue 23), so a request both sides send to one node gets one
     prediction, and the candidates are evaluated once instead of once more for that node.
     """
-    w_displacement = params.w_displacement
-    default_rtt_ms = params.default_rtt_ms
-    w_rtt = pricing.w_rtt
-    w_queue = pricing.w_queue
-    pricing_w_displacement = pricing.w_displacement
-    pricing_default_rtt_ms = pricing.default_rtt_ms
+    weights = _weights(params)
+    w_displacement = weights.w_displacement
+    default_rtt_ms = weights.default_rtt_ms
+    priced = _weights(pricing)
+    w_rtt = priced.w_rtt
+    w_queue = priced.w_queue
+    pricing_w_displacement = priced.w_displacement
+    pricing_default_rtt_ms = priced.default_rtt_ms
     totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, pricing_w_displacement != 0.0)
     decision = _decide(totals, rows, full, w_displacement, ALL_GUARDS, view, False)
     index = -1
@@ -268,6 +270,32 @@ def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
     return fleet
 
 
+class _Weights:
+    """A ``GorgoParams``' numbers, read once per parameters object (a snapshot keeps one for its
+    life): compiled, a msgspec struct's attribute is a generic lookup, this class's a load."""
+
+    __slots__ = ("default_rtt_ms", "params", "w_displacement", "w_queue", "w_rtt")
+
+    def __init__(self, params: GorgoParams) -> None:
+        self.params: Final = params  # held: its id cannot be reused while the entry lives
+        self.w_rtt: Final = params.w_rtt
+        self.w_queue: Final = params.w_queue
+        self.w_displacement: Final = params.w_displacement
+        self.default_rtt_ms: Final = params.default_rtt_ms
+
+
+def _weights(params: GorgoParams) -> _Weights:
+    """``params``' numbers, cached per parameters object like ``_fleet``."""
+    weights = _WEIGHTS.get(id(params))
+    if weights is not None and weights.params is params:
+        return weights
+    weights = _Weights(params)
+    if len(_WEIGHTS) >= _WEIGHTS_KEPT:
+        _WEIGHTS.clear()
+    _WEIGHTS[id(params)] = weights
+    return weights
+
+
 def _lone(node: NodeSpec) -> _Fleet:
     """``node`` as the only candidate (pricing), cached per node object like ``_fleet``."""
     entry = _LONE.get(id(node))
@@ -306,10 +334,11 @@ def _evaluate(
     (``choose_twice`` weighs it again). ``fleet``: other candidates than the view's.
     This is the hot loop (issue 23's budget): per node, only what changes between requests.
     """
-    w_rtt = params.w_rtt
-    w_queue = params.w_queue
-    w_displacement = params.w_displacement
-    default_rtt_ms = params.default_rtt_ms
+    weights = _weights(params)
+    w_rtt = weights.w_rtt
+    w_queue = weights.w_queue
+    w_displacement = weights.w_displacement
+    default_rtt_ms = weights.default_rtt_ms
     with_factor = bool(w_displacement or keep_factor)
     home = view.region
     prompt_tokens = request.prompt_tokens_est
@@ -552,6 +581,8 @@ _FLEETS: Final[dict[int, _Fleet]] = {}
 _FLEETS_KEPT: Final = 64
 _LONE: Final[dict[int, _Fleet]] = {}
 _LONE_KEPT: Final = 1024
+_WEIGHTS: Final[dict[int, _Weights]] = {}
+_WEIGHTS_KEPT: Final = 64
 
 
 def _terms(total_ms: float, row: _Row, w_displacement: float) -> CostTerms:
