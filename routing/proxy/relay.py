@@ -57,7 +57,8 @@ class Relay:
             (b"x-request-id", exchange.request_id.encode()),
             (
                 b"server-timing",
-                f"route;dur={exchange.routing_s * 1000:.3f}, upstream;dur={upstream_s * 1000:.3f}".encode(),
+                # bytes' own %: compiled, an f-string formats each float through a method call
+                b"route;dur=%.3f, upstream;dur=%.3f" % (exchange.routing_s * 1000, upstream_s * 1000),
             ),
         )
         if exchange.grant is not None and exchange.grant.headers:
