@@ -69,10 +69,16 @@ def _inclusive(out_files: list[Path]) -> collections.Counter[str]:
             text=True,
             check=False,
         ).stdout
+        # One function may be listed under several files (code inlined from headers, a build
+        # directory's relative and absolute paths), each entry inclusive: summing them counted
+        # some functions twice. Its largest entry per process.
+        largest: dict[str, int] = {}
         for line in text.splitlines():
             match = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*?:?(CPy(?:Def|Py)_\S+)", line)
             if match:
-                counts[match.group(2)] += int(match.group(1).replace(",", ""))
+                name, count = match.group(2), int(match.group(1).replace(",", ""))
+                largest[name] = max(count, largest.get(name, 0))
+        counts.update(largest)
     return counts
 
 
