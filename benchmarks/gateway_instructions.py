@@ -69,10 +69,16 @@ def _inclusive(out_files: list[Path]) -> collections.Counter[str]:
             text=True,
             check=False,
         ).stdout
+        # One function may be listed under several files (code inlined from headers, a build
+        # directory's relative and absolute paths), each entry inclusive: summing them counted
+        # some functions twice. Its largest entry per process.
+        largest: dict[str, int] = {}
         for line in text.splitlines():
             match = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S*?:?(CPy(?:Def|Py)_\S+)", line)
             if match:
-                counts[match.group(2)] += int(match.group(1).replace(",", ""))
+                name, count = match.group(2), int(match.group(1).replace(",", ""))
+                largest[name] = max(count, largest.get(name, 0))
+        counts.update(largest)
     return counts
 
 
@@ -87,6 +93,7 @@ def measure(
     redis_url: str,
     algorithm: str = "gorgo",
     shadow: tuple[str, dict] | None = None,
+    idle_s: float = 0.0,
 ) -> dict:
     prefix = f"gorgoinstr-{uuid.uuid4().hex[:12]}"
     upstreams = [f"http://127.0.0.1:{m.port}" for m in mocks]
@@ -125,7 +132,10 @@ def measure(
                 raise RuntimeError(f"{name}: not every worker is listening")
             time.sleep(1)
         bench.latency_c1(gateway.port, 100, 50, auth=bench.BENCH_SECRET)  # warm-up, not counted
-        subprocess.run(["callgrind_control", "--instr=on"], capture_output=True, check=False)
+        # Only this gateway's processes: without pids, callgrind_control switches every callgrind
+        # run on the machine (another session's benchmark too).
+        pids = [str(pid) for pid in _group_pids(gateway.process.pid)]
+        _control("--instr=on", pids)
         url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
         result = subprocess.run(
             ["wrk", "-t1", "-c32", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(script), url],
@@ -134,20 +144,37 @@ def measure(
             timeout=seconds + 60,
             check=True,
         )
-        subprocess.run(["callgrind_control", "--instr=off"], capture_output=True, check=False)
-        subprocess.run(["callgrind_control", "--dump"], capture_output=True, check=False)
+        _control("--instr=off", pids)
+        _control(f"--dump={prefix}-load", pids)
         time.sleep(1)
+        if idle_s > 0:  # the same processes with no request: their background loops alone
+            _control("--zero", pids)
+            _control("--instr=on", pids)
+            time.sleep(idle_s)
+            _control("--instr=off", pids)
+            _control(f"--dump={prefix}-idle", pids)
+            time.sleep(1)
     finally:
         gateway.stop()
         bench._redis_cleanup(redis_url, prefix)
     if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
         raise RuntimeError(f"{name}: wrk saw errors:\n{result.stdout}")
     requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
-    dumps = [path for path in workdir.glob(f"callgrind-{name}.*.1")]  # the dump taken after wrk
-    total = 0
-    for path in dumps:
-        found = re.search(r"^totals: (\d+)", path.read_text(errors="replace"), re.MULTILINE)
-        total += int(found.group(1)) if found else 0
+    dumps = _dumps(workdir, name, f"{prefix}-load")  # the dump taken after wrk
+    total = _totals(dumps)
+    idle = {}
+    if idle_s > 0:
+        idle_dumps = _dumps(workdir, name, f"{prefix}-idle")
+        idle_total = _totals(idle_dumps)
+        per_s = idle_total / idle_s
+        # Not subtracted from the loaded run: under load the loops tick late and carry the
+        # requests' records, so their idle cost is no measure of their share there. It is what
+        # one gateway (worker) costs per second whatever its traffic: divide by a real request rate.
+        idle = {
+            "idle_seconds": idle_s,
+            "idle_instructions_per_second": per_s,
+            "idle_functions_per_second": {fn: count / idle_s for fn, count in _inclusive(idle_dumps).items()},
+        }
     return {
         "name": name,
         "checkout": str(checkout),
@@ -158,7 +185,45 @@ def measure(
         "requests": requests,
         "instructions_per_request": total / requests,
         "functions": {fn: count / requests for fn, count in _inclusive(dumps).items()},
+        **idle,
     }
+
+
+def _group_pids(leader: int) -> list[int]:
+    """The live processes of ``leader``'s process group (the gateway and its workers)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == leader:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _control(action: str, pids: list[str]) -> None:
+    subprocess.run(["callgrind_control", action, *pids], capture_output=True, check=False)
+
+
+def _dumps(workdir: Path, name: str, label: str) -> list[Path]:
+    """This variant's dumps taken with ``label`` (another session's unlabelled dump may sit beside them)."""
+    found = []
+    for path in workdir.glob(f"callgrind-{name}.*.*"):
+        with path.open(errors="replace") as dump:
+            head = [dump.readline() for _ in range(40)]  # the desc lines come first
+        if any(line.startswith("desc: Trigger:") and line.rstrip().endswith(label) for line in head):
+            found.append(path)
+    return found
+
+
+def _totals(dumps: list[Path]) -> int:
+    total = 0
+    for path in dumps:
+        found = re.search(r"^totals: (\d+)", path.read_text(errors="replace"), re.MULTILINE)
+        total += int(found.group(1)) if found else 0
+    return total
 
 
 def main() -> int:
@@ -171,6 +236,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="wrk duration per variant (default 8)")
     parser.add_argument(
         "--top", type=int, default=0, help="also list this many compiled functions per request"
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="after wrk, also count this many seconds without requests (the background loops alone)",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--algorithm", default="gorgo", help="the live policy's algorithm (default gorgo)")
@@ -203,6 +274,7 @@ def main() -> int:
                 redis_url,
                 args.algorithm,
                 (shadow, shadow_params) if shadow else None,
+                args.idle,
             )
             results.append(row)
             first = results[0]["instructions_per_request"]
@@ -211,6 +283,11 @@ def main() -> int:
                 f"per request ({row['instructions_per_request'] / first:.3f}x {results[0]['name']})",
                 flush=True,
             )
+            if args.idle:
+                print(
+                    f"  idle: {row['idle_instructions_per_second'] / 1e6:.1f} M instructions per second",
+                    flush=True,
+                )
     finally:
         for mock in mocks:
             mock.stop()

@@ -8,27 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from routing.errors import GatewayError
 
 # Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1) and ones the gateway sets itself.
-_HOP_BY_HOP = frozenset(
+_HOP_BY_HOP: Final = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te"}
     | {"trailer", "trailers", "transfer-encoding", "upgrade"}
 )
-_REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length", "content-type", "expect", "x-gorgo-region"}
-_REQUEST_DROP_BYTES = frozenset(name.encode() for name in _REQUEST_DROP)
-_RESPONSE_DROP = frozenset(
+_REQUEST_DROP: Final = _HOP_BY_HOP | {"host", "content-length", "content-type", "expect", "x-gorgo-region"}
+_REQUEST_DROP_BYTES: Final = frozenset(name.encode() for name in _REQUEST_DROP)
+_RESPONSE_DROP: Final = frozenset(
     name.encode()
     for name in _HOP_BY_HOP
     | {"date", "x-request-id", "x-gorgo-node", "x-gorgo-policy-version", "server-timing"}
 )
-_MAX_REQUEST_ID_CHARS = 128  # a longer client X-Request-Id is replaced, not forwarded
+_MAX_REQUEST_ID_CHARS: Final = 128  # a longer client X-Request-Id is replaced, not forwarded
 
 
 def filter_response_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """A node's response headers minus hop-by-hop ones and those the gateway sets itself."""
-    return [(name, value) for name, value in raw if name.lower() not in _RESPONSE_DROP]
+    """A node's response headers minus hop-by-hop ones and those the gateway sets itself.
+
+    Names arrive lower-cased (``UpstreamResponse.raw_headers``)."""
+    return [(name, value) for name, value in raw if name not in _RESPONSE_DROP]
 
 
 class ClientGone(Exception):
@@ -47,8 +50,8 @@ class RequestHeaders:
     api_key: bytes | None = None
 
 
-_JSON = (b"Content-Type", b"application/json")
-_IDENTITY = (b"Accept-Encoding", b"identity")
+_JSON: Final = (b"Content-Type", b"application/json")
+_IDENTITY: Final = (b"Accept-Encoding", b"identity")
 
 
 def scan_request_headers(

@@ -26,12 +26,12 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httptools
 
-_HIGH_WATER = 1 << 20
+_HIGH_WATER: Final = 1 << 20
 
 
 class UpstreamError(Exception):
@@ -109,6 +109,8 @@ class UpstreamResponse:
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
         self.status = 0
+        # (name, value) as the node sent them, names lower-cased (once, here: whoever reads them
+        # compares names without lowering each again).
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.content_type = ""
         self.content_encoded = False
@@ -248,8 +250,8 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
         assert response is not None
-        response.raw_headers.append((name, value))
         lower = name.lower()
+        response.raw_headers.append((lower, value))
         if lower == b"content-type":
             self._content_type = value
         elif lower == b"content-encoding":
@@ -301,8 +303,7 @@ class _Connection(asyncio.Protocol):
     def _framed(self) -> bool:
         response = self.response
         assert response is not None
-        for name, value in response.raw_headers:
-            lower = name.lower()
+        for lower, value in response.raw_headers:  # names lower-cased by on_header
             if lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
                 return True
         return response.status in (204, 304)

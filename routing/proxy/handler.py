@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Final
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
@@ -64,8 +65,8 @@ logger = logging.getLogger("routing.proxy")
 # The most characters one token can stand for in practice: a prompt with more than
 # ``max_context_tokens`` times this many characters is past the model's context whatever its
 # tokenizer (ordinary text runs 3-5 characters a token), and is refused without a node round trip.
-MAX_CHARS_PER_TOKEN = 16
-_PROMPT_PARAMS: dict[str, str] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+MAX_CHARS_PER_TOKEN: Final = 16
+_PROMPT_PARAMS: Final[dict[str, str]] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
 
 
 def _check_context(table: RoutingTable, parsed: ParsedRequest, endpoint: Endpoint) -> None:
@@ -96,7 +97,7 @@ def _client_left(exchange: Exchange, task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
-_PATHS: dict[str, str] = {
+_PATHS: Final[dict[str, str]] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",

@@ -54,7 +54,8 @@ class InFlight:
         "_peer_load",
         "_prefill_tokens",
         "_requests",
-        "_summed",
+        "_view",
+        "_view_stale",
         "on_release",
         "region",
     )
@@ -72,7 +73,10 @@ class InFlight:
         # (compiled too), and between two requests' views only the nodes in ``_changed`` moved.
         self._loads: dict[int, NodeLoad] = {}  # ours, nodes with work only
         self._changed: set[int] = set()
-        self._summed: dict[int, tuple[NodeLoad, NodeLoad, NodeLoad]] = {}  # node -> (ours, peers', sum)
+        # With peers: ours plus theirs per node, kept up to date node by node (only the nodes whose
+        # own counts moved are summed again; all of them when the peers' loads are swapped).
+        self._view: dict[int, NodeLoad] = {}
+        self._view_stale = True
 
     def set_node_regions(self, node_regions: Mapping[int, str]) -> None:
         """Node id -> region, from the current snapshot (requests already begun keep their count)."""
@@ -121,55 +125,68 @@ class InFlight:
         with dict operations, a proxy through Python's generic mapping calls, once per request.
         """
         self._peer_load = dict(load)
+        self._view_stale = True
 
     def load_view(self) -> dict[int, NodeLoad]:
         """A fresh node id -> ``NodeLoad`` map (ours plus peers'), safe to hand to an algorithm.
 
         Built per request, so it rebuilds only what moved: our ``NodeLoad`` of the nodes whose
-        counts changed since the last view, and a node's sum with its peers' only when either
-        part is a new object (peers' loads are swapped whole, every ``load_interval_s``).
+        counts changed since the last view and, with peers, those nodes' sums with the peers' load
+        (every node's when the peers' loads were swapped, every ``load_interval_s``); the view is
+        then one dict copy.
         """
         loads = self._loads
         changed = self._changed
+        peers = self._peer_load
+        view = self._view
+        summing = bool(peers) and not self._view_stale
         if changed:
             requests = self._requests
             prefill = self._prefill_tokens
             for node_id in changed:
                 node_requests = requests.get(node_id, 0)
                 node_prefill = prefill.get(node_id, 0)
+                own: NodeLoad | None = None
                 if node_requests or node_prefill:
-                    loads[node_id] = NodeLoad(
+                    own = NodeLoad(
                         node_requests,
                         node_prefill,
                         self._home_requests.get(node_id, 0),
                         self._context_tokens.get(node_id, 0),
                     )
+                    loads[node_id] = own
                 else:
                     loads.pop(node_id, None)
+                if summing:
+                    _put_sum(view, node_id, own, peers.get(node_id))
             changed.clear()
-        peers = self._peer_load
         if not peers:
+            self._view_stale = True  # peers come back: sum every node then
             return dict(loads)
-        view: dict[int, NodeLoad] = {}
-        summed = self._summed
-        for node_id, own in loads.items():
-            peer = peers.get(node_id)
-            if peer is None:
-                view[node_id] = own
-                continue
-            cached = summed.get(node_id)
-            if cached is not None and cached[0] is own and cached[1] is peer:
-                view[node_id] = cached[2]
-                continue
-            total = NodeLoad(
-                own.outstanding_requests + peer.outstanding_requests,
-                own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
-                own.home_requests + peer.home_requests,
-                own.outstanding_context_tokens + peer.outstanding_context_tokens,
-            )
-            summed[node_id] = (own, peer, total)
-            view[node_id] = total
-        for node_id, peer in peers.items():
-            if node_id not in view:
-                view[node_id] = peer
-        return view
+        if self._view_stale:
+            self._view_stale = False
+            view.clear()
+            for node_id, own_load in loads.items():
+                _put_sum(view, node_id, own_load, peers.get(node_id))
+            for node_id, peer in peers.items():
+                if node_id not in view:
+                    view[node_id] = peer
+        return dict(view)
+
+
+def _put_sum(view: dict[int, NodeLoad], node_id: int, own: NodeLoad | None, peer: NodeLoad | None) -> None:
+    """``view[node_id]``: ours plus the peers' load there (either may be missing)."""
+    if own is None:
+        if peer is None:
+            view.pop(node_id, None)
+        else:
+            view[node_id] = peer
+    elif peer is None:
+        view[node_id] = own
+    else:
+        view[node_id] = NodeLoad(
+            own.outstanding_requests + peer.outstanding_requests,
+            own.outstanding_prefill_tokens + peer.outstanding_prefill_tokens,
+            own.home_requests + peer.home_requests,
+            own.outstanding_context_tokens + peer.outstanding_context_tokens,
+        )

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from routing.deadlines import FixedDelay
+from routing.http.headers import filter_response_headers
 from routing.http.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
 from simulator.harness import free_port
 from tests.routing.manual_loop import ManualLoop
@@ -74,6 +75,29 @@ async def test_keep_alive_reuses_one_connection_and_sends_head_and_body():
         await upstream.close()
     assert seen[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
     assert seen[0].endswith(b"X-A: 1\r\ncontent-length: 2\r\n\r\n{}")
+
+
+async def test_it_hands_over_a_nodes_header_names_lower_cased():
+    # The relay's filter and the client side's answer head compare names without lowering them
+    # again (routing/http/headers.py): a node's "Keep-Alive" or "Date" must still be caught.
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nDate: x\r\nKeep-Alive: timeout=5\r\n"
+    async with Server(lambda data: [(0, head + b"X-Custom: A\r\nContent-Length: 2\r\n\r\n{}")]) as url:
+        upstream = client()
+        response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+        assert await response.read() == b"{}"
+        assert response.raw_headers == [
+            (b"content-type", b"application/json"),
+            (b"date", b"x"),
+            (b"keep-alive", b"timeout=5"),
+            (b"x-custom", b"A"),
+            (b"content-length", b"2"),
+        ]
+        assert filter_response_headers(response.raw_headers) == [
+            (b"content-type", b"application/json"),
+            (b"x-custom", b"A"),
+            (b"content-length", b"2"),
+        ]
+        await upstream.close()
 
 
 async def test_a_silent_node_times_out_before_and_during_the_body():
