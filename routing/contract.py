@@ -605,11 +605,22 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     arm: Literal["live", "canary"] | None = None
     # A shadow running: its experiment, the node it would have chosen, and its cost terms (priced
     # by the GORGO cost model when its algorithm prices nothing); ``cost`` is the live side's,
-    # priced the same way while a shadow runs.
+    # priced the same way while a shadow runs. ``shadow_cost`` is left out when the shadow chose
+    # the live node and priced it exactly as ``cost`` (read ``shadow_terms``).
     shadow_id: int | None = None
     shadow_node_id: int | None = None
     shadow_node_region: str | None = None
     shadow_cost: CostTerms | None = None
+
+    @property
+    def shadow_terms(self) -> CostTerms | None:
+        """The shadow's cost terms: ``shadow_cost``, else ``cost`` when the shadow chose the live
+        node (the gateway logs terms both sides share once)."""
+        if self.shadow_cost is not None:
+            return self.shadow_cost
+        if self.shadow_node_id is not None and self.shadow_node_id == self.node_id:
+            return self.cost
+        return None
 
 
 class GatewayLoad(msgspec.Struct, frozen=True):

@@ -102,7 +102,7 @@ def _add_shadow(sums: dict[str, Any], record: RequestRecord) -> None:
     _count(sums, "cross_shadow", record.shadow_node_region != record.gateway_region)
     for side, cost, node_id in (
         ("live", record.cost, record.node_id),
-        ("shadow", record.shadow_cost, record.shadow_node_id),
+        ("shadow", record.shadow_terms, record.shadow_node_id),
     ):
         predicted = predicted_ttft_ms(cost, node_id)
         if predicted is not None:

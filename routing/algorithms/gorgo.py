@@ -185,7 +185,8 @@ def choose_and_price(
     Those are the terms ``choose`` under ``pricing`` gives ``node`` when it wins or runs up (the
     hot-prefix guard and the displacement net of staying included): a shadow prices the live
     policy's choice with them (issue 23), so a request both sides send to one node gets one
-    prediction, and the candidates are evaluated once instead of once more for that node.
+    prediction, and the candidates are evaluated once instead of once more for that node. When
+    the decision is ``node`` and ``pricing`` is ``params`` (equal), both terms are one object.
     """
     weights = _weights(params)
     w_displacement = weights.w_displacement
@@ -197,6 +198,16 @@ def choose_and_price(
     pricing_default_rtt_ms = priced.default_rtt_ms
     totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, pricing_w_displacement != 0.0)
     decision = _decide(totals, rows, full, w_displacement, ALL_GUARDS, view, False)
+    if (
+        decision.node is node
+        and priced.w_rtt == weights.w_rtt
+        and priced.w_queue == weights.w_queue
+        and pricing_w_displacement == w_displacement
+        and pricing_default_rtt_ms == default_rtt_ms
+    ):
+        # The same node under the same parameters: the very same terms (one object, which the
+        # request record then logs once: ``RequestRecord.shadow_terms``).
+        return decision, decision.cost
     index = -1
     for position, candidate in enumerate(view.candidates):
         if candidate is node:

@@ -160,7 +160,8 @@ class RequestOutcome:
             shadow.node.region
             if shadow is not None and shadow.node is not None
             else None,  # shadow_node_region
-            shadow.cost if shadow is not None else None,  # shadow_cost
+            # shadow_cost: left out when it is the live side's terms (RequestRecord.shadow_terms)
+            shadow.cost if shadow is not None and shadow.cost is not shadow.live_cost else None,
         )
 
     def _observe_cache(

@@ -137,3 +137,38 @@ def test_it_rolls_back_a_slower_canary_on_the_next_tick(live, operator, fleet, r
     assert not snapshot.canary
     message = experiment_message(canary)
     assert message["status"] == "rolled_back" and message["comparison"][0]["worse"]
+
+
+def test_a_shadow_that_chose_the_live_node_is_counted_with_the_live_terms() -> None:
+    """The gateway leaves ``shadow_cost`` out when the shadow chose the live node and priced it as
+    the live side (``RequestRecord.shadow_terms``): the figures still count the shadow's prediction."""
+    from controlplane.policies.experiment_figures import add_records
+
+    def record(node_id: int, shadow_node_id: int, shadow_cost: CostTerms | None) -> RequestRecord:
+        return RequestRecord(
+            schema_version=contract.SCHEMA_VERSION,
+            request_id=uuid.uuid4().hex,
+            ts=time.time(),
+            gateway_region="us-east",
+            gateway_id="gw-1",
+            model="m",
+            status=200,
+            stream=False,
+            node_id=node_id,
+            node_region="us-east",
+            cost=CostTerms(node_id=node_id, rtt_ms=2.0, queue_ms=8.0, prefill_ms=10.0),
+            shadow_id=7,
+            shadow_node_id=shadow_node_id,
+            shadow_node_region="us-east",
+            shadow_cost=shadow_cost,
+        )
+
+    same = [record(1, 1, None) for _ in range(6)]  # logged once: the shadow's terms are the live ones
+    elsewhere = [record(1, 2, CostTerms(node_id=2, rtt_ms=2.0, prefill_ms=68.0)) for _ in range(4)]
+    figures: dict = {}
+    add_records(figures, 7, same + elsewhere)
+    shadow = figures["regions"]["us-east"]["shadow"]
+    assert (shadow["requests"], shadow["moved_share"]) == (10, 0.4)
+    assert sum(shadow["shadow_predicted_histogram"].values()) == 10  # none lost for want of terms
+    assert shadow["shadow_predicted_p50_ms"] == pytest.approx(20.0, rel=0.03)
+    assert same[0].shadow_terms == same[0].cost and elsewhere[0].shadow_terms == elsewhere[0].shadow_cost

@@ -233,3 +233,8 @@ def test_the_record_carries_every_field_where_its_name_says() -> None:
     assert record.prefix_hashes  # the prompt is longer than a chunk
     for field in RequestRecord.__struct_fields__:
         assert getattr(record, field) == getattr(expected, field), field
+    # A shadow that chose the live node and priced it the same: its terms are logged once.
+    exchange.shadow = ShadowOutcome(9, home, live_cost, live_cost)
+    record = outcome._record(exchange, 0.25)
+    assert (record.shadow_node_id, record.cost, record.shadow_cost) == (11, live_cost, None)
+    assert record.shadow_terms == live_cost
