@@ -39,7 +39,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Protocol
 
@@ -68,6 +68,10 @@ _GATEWAY_FIELD_BYTES = PREFIX_STREAM_GATEWAY_FIELD.encode()
 MAX_HASHES_PER_UPDATE = 2048  # keeps one stream entry under ~50 KB of JSON
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
+# How often a gateway writes its load and reads its peers' (one round trip): a peer's load is up
+# to twice this old when read (its last write, then our last read), plus the round trip to Redis.
+# The event model (``simulator.replay``) ages peer load by the same period.
+LOAD_INTERVAL_S = 0.1
 
 # (outstanding requests, outstanding prefill tokens, home requests, outstanding context tokens),
 # each node id -> count
@@ -98,7 +102,7 @@ class GatewaySharing:
         load_source: LoadSource,
         on_peer_load: Callable[[Mapping[int, NodeLoad]], None] | None = None,
         prefix_flush_interval_s: float = 0.05,
-        load_interval_s: float = 0.1,
+        load_interval_s: float = LOAD_INTERVAL_S,
         peer_stale_after_s: float = 3.0,
         stream_maxlen: int = 10_000,
         read_block_ms: int = 250,
@@ -305,23 +309,13 @@ class GatewaySharing:
     # ---- load ---------------------------------------------------------------------------------
 
     async def _exchange_load_once(self) -> float:
-        requests, prefill_tokens, home_requests, context_tokens = self._load_source()
         now_s = self._clock()
-        own = GatewayLoad(
-            schema_version=SCHEMA_VERSION,
-            gateway_id=self.gateway_id,
-            region=self.region,
-            updated_at=now_s,
-            outstanding_requests={node: count for node, count in requests.items() if count},
-            outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
-            home_requests={node: count for node, count in home_requests.items() if count},
-            outstanding_context_tokens={node: count for node, count in context_tokens.items() if count},
-        )
+        own = load_report(self.gateway_id, self.region, now_s, self._load_source())
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(self._keys.gateway_load, self.gateway_id, encode(own))
         pipe.hgetall(self._keys.gateway_load)
         _, entries = await pipe.execute()
-        totals: dict[int, list[int]] = {}
+        fresh: list[GatewayLoad] = []
         expired: list[bytes | str] = []
         for field, raw in entries.items():
             name = field.decode() if isinstance(field, bytes) else field
@@ -336,23 +330,10 @@ class GatewaySharing:
                 if age_s > PRUNE_AFTER_S:
                     expired.append(field)
                 continue
-            for node_id, count in peer.outstanding_requests.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[0] += count
-            for node_id, count in peer.outstanding_prefill_tokens.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[1] += count
-            for node_id, count in peer.home_requests.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[2] += count
-            for node_id, count in peer.outstanding_context_tokens.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[3] += count
+            fresh.append(peer)
         if expired:
             await self._redis.hdel(self._keys.gateway_load, *expired)
-        self._set_peer_load(
-            {
-                node_id: NodeLoad(requests, tokens, home, context)
-                for node_id, (requests, tokens, home, context) in totals.items()
-            },
-            now_s,
-        )
+        self._set_peer_load(peer_load_of(fresh), now_s)
         return self.load_interval_s
 
     def _set_peer_load(self, load: dict[int, NodeLoad], now_s: float) -> None:
@@ -365,3 +346,41 @@ class GatewaySharing:
         now_s = self._clock()
         if self._peer_load and now_s - self._peer_load_at_s > self.peer_stale_after_s:
             self._set_peer_load({}, now_s)
+
+
+def load_report(
+    gateway_id: str,
+    region: str,
+    now_s: float,
+    load: tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int], Mapping[int, int]],
+) -> GatewayLoad:
+    """This gateway's outstanding work as its peers read it (a ``LoadSource``'s counts, zeros left out)."""
+    requests, prefill_tokens, home_requests, context_tokens = load
+    return GatewayLoad(
+        schema_version=SCHEMA_VERSION,
+        gateway_id=gateway_id,
+        region=region,
+        updated_at=now_s,
+        outstanding_requests={node: count for node, count in requests.items() if count},
+        outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
+        home_requests={node: count for node, count in home_requests.items() if count},
+        outstanding_context_tokens={node: count for node, count in context_tokens.items() if count},
+    )
+
+
+def peer_load_of(peers: Iterable[GatewayLoad]) -> dict[int, NodeLoad]:
+    """The peers' reports summed per node: what a gateway adds to its own in-flight counts."""
+    totals: dict[int, list[int]] = {}
+    for peer in peers:
+        for node_id, count in peer.outstanding_requests.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[0] += count
+        for node_id, count in peer.outstanding_prefill_tokens.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[1] += count
+        for node_id, count in peer.home_requests.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[2] += count
+        for node_id, count in peer.outstanding_context_tokens.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[3] += count
+    return {
+        node_id: NodeLoad(requests, tokens, home, context)
+        for node_id, (requests, tokens, home, context) in totals.items()
+    }
