@@ -48,7 +48,7 @@ from routing_quality import (  # this directory is on sys.path
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import ChatMessage, render_messages
 from routing.contract import ModelSpec, RegionSpec
-from routing.state.sharing import LOAD_INTERVAL_S
+from routing.state.sharing import LOAD_INTERVAL_S, PREFIX_FLUSH_INTERVAL_S
 from simulator.replay import ReplayRequest, percentile, replay
 from simulator.snapshots import make_node, make_snapshot
 from simulator.text import text_of_tokens
@@ -102,6 +102,8 @@ def run(
     overrides: dict[str, float],
     sharing_delay_ms: float = LOAD_INTERVAL_S * 1000.0,
     shared_state_rtt_ms: float = 0.0,
+    prefix_delay_ms: float = PREFIX_FLUSH_INTERVAL_S * 1000.0,
+    peer_claims: bool = True,
 ) -> dict[str, Any]:
     """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region.
 
@@ -131,6 +133,8 @@ def run(
         scrape_interval_s=None,
         sharing_interval_s=sharing_delay_ms / 1000.0 or None,
         sharing_rtt_s=shared_state_rtt_ms / 1000.0,
+        prefix_interval_s=prefix_delay_ms / 1000.0,
+        peer_claims=peer_claims,
     )
     measured = outcome.requests[warmup:]
     ttfts = sorted(r.ttft_ms for r in measured if r.ttft_ms is not None)
@@ -206,6 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         help="round trip from a gateway to the shared Redis (0: loopback, as the wall-clock benchmark)",
     )
     parser.add_argument(
+        "--prefix-delay-ms",
+        type=float,
+        default=PREFIX_FLUSH_INTERVAL_S * 1000.0,
+        help="how often gateways publish their prefix-index insertions (routing.state.sharing's period, "
+        "the default); 0: one index for all gateways, updated at once; only with --sharing-delay-ms",
+    )
+    parser.add_argument(
+        "--no-peer-claims",
+        action="store_true",
+        help="the gateways before issue 24's claims: a peer's prefix update moves the index only, "
+        "its work counts from the peer's next load report",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         help="also write every seed's figures to OUT.json and the summary lines to OUT.md",
@@ -228,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                     overrides,
                     args.sharing_delay_ms,
                     args.shared_state_rtt_ms,
+                    args.prefix_delay_ms,
+                    not args.no_peer_claims,
                 )
                 for seed in seeds
             ]
@@ -262,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             "params": overrides,
             "sharing_delay_ms": args.sharing_delay_ms,
             "shared_state_rtt_ms": args.shared_state_rtt_ms,
+            "prefix_delay_ms": args.prefix_delay_ms,
+            "peer_claims": not args.no_peer_claims,
             "command": " ".join(["python", "benchmarks/routing_quality_events.py", *(argv or sys.argv[1:])]),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

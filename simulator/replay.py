@@ -60,7 +60,7 @@ from routing.contract import (
 )
 from routing.state.eligibility import eligible_nodes
 from routing.state.inflight import InFlight, Lease
-from routing.state.sharing import load_report, peer_load_of
+from routing.state.sharing import PeerLoad, apply_peer_update, build_updates, load_report
 from simulator.engine import (
     MAX_STEP_LAG_S,
     Engine,
@@ -428,6 +428,8 @@ def replay(
     clock: Callable[[], float] = time.perf_counter,
     sharing_interval_s: float | None = None,
     sharing_rtt_s: float = 0.0,
+    prefix_interval_s: float = 0.0,
+    peer_claims: bool = True,
 ) -> ReplayOutcome:
     """Route ``requests`` (sorted by arrival) with ``snapshot``'s policy on its emulated fleet.
 
@@ -438,7 +440,11 @@ def replay(
     ``sharing_rtt_s`` away (module docstring). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
     """
     loop = VirtualClockLoop()
-    sharing = _Sharing(sharing_interval_s, sharing_rtt_s) if sharing_interval_s else None
+    sharing = (
+        _Sharing(sharing_interval_s, sharing_rtt_s, prefix_interval_s, peer_claims)
+        if sharing_interval_s
+        else None
+    )
     try:
         return loop.run_until_complete(
             _Replay(snapshot, rtt_ms, requests, scrape_interval_s, wall_budget_s, clock, sharing).run()
@@ -449,10 +455,13 @@ def replay(
 
 @dataclass(frozen=True, slots=True)
 class _Sharing:
-    """How gateways exchange load: every ``interval_s``, through a store ``rtt_s`` away."""
+    """How gateways exchange load (every ``interval_s``, through a store ``rtt_s`` away) and prefix
+    insertions (every ``prefix_interval_s``; 0: one index for all, updated at once)."""
 
     interval_s: float
     rtt_s: float
+    prefix_interval_s: float
+    claims: bool = True  # False: the gateways before claims (issue 24), insertions only
 
 
 class _Replay:
@@ -483,18 +492,22 @@ class _Replay:
         node_regions = {node.id: node.region for node in snapshot.nodes}
         self.inflight = InFlight()  # instant sharing: one book for every gateway
         self.inflight.set_node_regions(node_regions)
+        self.tokens_per_chunk = tokens_per_chunk_of(requests)
+        self.index = self._new_index()  # instant sharing: one index for every gateway
         self.sharing = sharing
-        # Delayed sharing: each gateway's own book, and what each last wrote to the shared store.
+        # Delayed sharing: each gateway's own book, and what each last wrote to the shared store;
+        # each gateway's own prefix index when insertions are shared every interval too.
         self.books: dict[str, InFlight] = {}
         self.reports: dict[str, GatewayLoad] = {}
+        self.indexes: dict[str, ApproxPrefixIndex] = {}
+        self.peers: dict[str, PeerLoad] = {}  # what each gateway knows of the others' load
         if sharing is not None:
             for region in sorted({request.gateway_region for request in requests}):
                 book = self.books[region] = InFlight(region)
                 book.set_node_regions(node_regions)
-        self.index = ApproxPrefixIndex(clock=lambda: 0.0)  # every call passes its own time
-        self.index.sync_nodes(snapshot.nodes)
-        self.tokens_per_chunk = tokens_per_chunk_of(requests)
-        self.index.set_chars_per_token(CHUNK_BYTES / self.tokens_per_chunk)
+                self.peers[region] = PeerLoad()
+                if sharing.prefix_interval_s:
+                    self.indexes[region] = self._new_index()
         self.chunk_tokens: dict[int, list[int]] = {}
         self.live: dict[int, NodeLiveState] = {}
         self.candidates: dict[tuple[str, str], tuple[NodeSpec, ...]] = {}
@@ -504,6 +517,12 @@ class _Replay:
         self.unroutable = 0
         self.done: asyncio.Future[None] | None = None
         self.engines: dict[int, ReplayEngine] = {}
+
+    def _new_index(self) -> ApproxPrefixIndex:
+        index = ApproxPrefixIndex(clock=lambda: 0.0)  # every call passes its own time
+        index.sync_nodes(self.snapshot.nodes)
+        index.set_chars_per_token(CHUNK_BYTES / self.tokens_per_chunk)
+        return index
 
     async def run(self) -> ReplayOutcome:
         loop = asyncio.get_running_loop()
@@ -535,6 +554,10 @@ class _Replay:
         exchanges = [
             loop.create_task(self._exchange_every(region, slot / len(self.books)))
             for slot, region in enumerate(self.books)
+        ]
+        exchanges += [
+            loop.create_task(self._flush_prefixes_every(region, slot / len(self.indexes)))
+            for slot, region in enumerate(self.indexes)
         ]
         watchdog = loop.create_task(self._watch_wall(started))
         if not self.requests:
@@ -591,8 +614,9 @@ class _Replay:
         now = loop.time()
         node_ids = tuple(node.id for node in candidates)
         uses_index = self.algorithm.needs_prefix_matches
-        matched = self.index.match_hashes(request.prefix_hashes, node_ids, now) if uses_index else {}
         region = request.gateway_region
+        index = self.indexes.get(region, self.index)
+        matched = index.match_hashes(request.prefix_hashes, node_ids, now) if uses_index else {}
         self.sequence[region] = sequence = self.sequence.get(region, 0) + 1
         book = self.books.get(region, self.inflight)
         view = RoutingView(
@@ -612,7 +636,7 @@ class _Replay:
         decision = self.algorithm.choose(view, routed)
         node = decision.node
         if uses_index:
-            self.index.insert_hashes(node.id, request.prefix_hashes, now)
+            index.insert_hashes(node.id, request.prefix_hashes, now)
         cost = decision.cost
         prefill_tokens = (
             cost.uncached_tokens if cost is not None and cost.node_id == node.id else request.prompt_tokens
@@ -676,7 +700,8 @@ class _Replay:
         if not self.algorithm.needs_prefix_matches or not request.prompt_tokens:
             return
         cached = sim.num_cached_tokens or 0
-        self.index.observe(node_id, matched / request.prompt_tokens, cached / sim.num_prompt_tokens, now)
+        index = self.indexes.get(request.gateway_region, self.index)
+        index.observe(node_id, matched / request.prompt_tokens, cached / sim.num_prompt_tokens, now)
 
     def _finished(self, lease: Lease) -> None:
         lease.release()
@@ -732,14 +757,41 @@ class _Replay:
         else:
             self._write_and_read(region, report, 0.0)
 
+    async def _flush_prefixes_every(self, region: str, phase: float) -> None:
+        """One gateway's prefix publisher: its new insertions reach its peers every interval (they
+        read the stream as entries arrive, so only the flush period delays them); each peer
+        applies them to its index and claims their work in its view of the peers' load."""
+        assert self.sharing is not None
+        interval_s = self.sharing.prefix_interval_s
+        await asyncio.sleep(phase * interval_s)
+        while True:
+            updates = build_updates(f"replay-{region}", self.indexes[region].take_updates())
+            if updates:
+                for peer, index in self.indexes.items():
+                    if peer == region:
+                        continue
+                    if not self.sharing.claims:
+                        for update in updates:
+                            index.apply_remote(update)
+                        continue
+                    for update in updates:
+                        apply_peer_update(index, self.peers[peer], update)
+                    self.books[peer].set_peer_load(self.peers[peer].load())
+            await asyncio.sleep(interval_s)
+
     def _write_and_read(self, region: str, report: GatewayLoad, half_rtt_s: float) -> None:
         self.reports[region] = report
-        peers = peer_load_of(load for peer, load in self.reports.items() if peer != region)
-        book = self.books[region]
+        seen = [load for peer, load in self.reports.items() if peer != region]
         if half_rtt_s > 0:
-            asyncio.get_running_loop().call_later(half_rtt_s, book.set_peer_load, peers)
+            asyncio.get_running_loop().call_later(half_rtt_s, self._read, region, seen)
         else:
-            book.set_peer_load(peers)
+            self._read(region, seen)
+
+    def _read(self, region: str, seen: list[GatewayLoad]) -> None:
+        """The peers' reports reach this gateway."""
+        peers = self.peers[region]
+        peers.read_reports(seen)
+        self.books[region].set_peer_load(peers.load())
 
     # ---- telemetry side --------------------------------------------------------------------------
 

@@ -204,3 +204,28 @@ def test_a_replay_with_delayed_sharing_is_deterministic() -> None:
     runs = [replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic, sharing_interval_s=0.1) for _ in range(2)]
     assert [r.node_id for r in runs[0].requests] == [r.node_id for r in runs[1].requests]
     assert runs[0].ttfts_ms() == runs[1].ttfts_ms()
+
+
+def west_choice_after_a_peers_insertion(**sharing: object) -> int | None:
+    """gorgo's node for a west request at 70 ms after east sent a 1,000-token prompt to node 1.
+
+    Two equal west nodes, 2 ms from both gateways: idle, the tie goes to node 1; seen busy with
+    east's prefill, node 2 wins. East flushes its prefix insertions at 0, 50, 100 ms; the gateways
+    exchange load at 0, 100 ms (east) and 50, 150 ms (west).
+    """
+    nodes = (node(1, "west"), node(2, "west"))
+    rtt_ms = {(region, node_id): 2.0 for region in REGIONS for node_id in (1, 2)}
+    traffic = [
+        request(0.01, "east", tokens=1000, hashes=tuple(range(1, 16))),
+        request(0.07, "west", tokens=1000, hashes=tuple(range(100, 115))),
+    ]
+    outcome = replay(
+        snapshot("gorgo", nodes), rtt_ms, traffic, sharing_interval_s=0.1, prefix_interval_s=0.05, **sharing
+    )
+    assert outcome.requests[0].node_id == 1
+    return outcome.requests[1].node_id
+
+
+def test_a_peers_prefix_insertion_counts_as_its_work_before_its_load_report() -> None:
+    assert west_choice_after_a_peers_insertion() == 2
+    assert west_choice_after_a_peers_insertion(peer_claims=False) == 1  # the gateways before
