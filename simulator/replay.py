@@ -55,6 +55,7 @@ from routing.contract import (
     NodeLiveState,
     NodeSpec,
     PolicySnapshot,
+    PrefixUpdate,
     RequestRecord,
     RTTTable,
 )
@@ -758,26 +759,37 @@ class _Replay:
             self._write_and_read(region, report, 0.0)
 
     async def _flush_prefixes_every(self, region: str, phase: float) -> None:
-        """One gateway's prefix publisher: its new insertions reach its peers every interval (they
-        read the stream as entries arrive, so only the flush period delays them); each peer
-        applies them to its index and claims their work in its view of the peers' load."""
+        """One gateway's prefix publisher: its new insertions reach its peers every interval, a
+        round trip to the store later (half to write, half for the peers' blocking reads, which
+        return as entries arrive); each peer applies them to its index and claims their work in
+        its view of the peers' load."""
         assert self.sharing is not None
         interval_s = self.sharing.prefix_interval_s
+        rtt_s = self.sharing.rtt_s
+        loop = asyncio.get_running_loop()
         await asyncio.sleep(phase * interval_s)
         while True:
             updates = build_updates(f"replay-{region}", self.indexes[region].take_updates())
             if updates:
-                for peer, index in self.indexes.items():
+                for peer in self.indexes:
                     if peer == region:
                         continue
-                    if not self.sharing.claims:
-                        for update in updates:
-                            index.apply_remote(update)
-                        continue
-                    for update in updates:
-                        apply_peer_update(index, self.peers[peer], update)
-                    self.books[peer].set_peer_load(self.peers[peer].load())
+                    if rtt_s > 0:
+                        loop.call_later(rtt_s, self._receive_prefixes, peer, updates)
+                    else:
+                        self._receive_prefixes(peer, updates)
             await asyncio.sleep(interval_s)
+
+    def _receive_prefixes(self, region: str, updates: list[PrefixUpdate]) -> None:
+        assert self.sharing is not None
+        index = self.indexes[region]
+        if not self.sharing.claims:
+            for update in updates:
+                index.apply_remote(update)
+            return
+        for update in updates:
+            apply_peer_update(index, self.peers[region], update)
+        self.books[region].set_peer_load(self.peers[region].load())
 
     def _write_and_read(self, region: str, report: GatewayLoad, half_rtt_s: float) -> None:
         self.reports[region] = report
