@@ -7,24 +7,30 @@
 The wall-clock benchmark (``routing_quality.py``) takes ~5 minutes a workload on a shared 2-core
 machine; this one runs the same seeded plans (``simulator.traffic.build_plan``, the same rates, fleet
 and engine settings) through ``simulator.replay`` (the emulator's engine in virtual time, the real
-routing code; sharing between gateways is instant there, its main optimism), so a change to a
-policy can be tried on every workload and many seeds in a minute, then confirmed on the wall clock.
+routing code), so a change to a policy can be tried on every workload and many seeds in a minute,
+then confirmed on the wall clock.
 Only the gateways' algorithms run (no ``vllm-router``) and no outage (``region-outage`` is left out).
+Gateways exchange their load every ``--sharing-delay-ms`` (100 ms: ``routing.state.sharing``'s
+period), so each decides on its peers' load as it was up to two periods ago while its own work
+counts at once, as on the wall clock; ``--sharing-delay-ms 0`` is the older, optimistic model in
+which every gateway sees every other's load the moment it changes (no herding can happen there).
 
 A multi-turn plan becomes replay requests as the runner would send them: the chat rendered as the
 gateway renders it (``routing.cache.prompt.render_messages``), its prefix-chunk hashes, and a
 deterministic stand-in for each answer (the emulator's answers are not known without running it).
 
-Prints one line per (workload, policy): the median over the seeds of p50 and p99 TTFT (ms), each
-seed's figures, the cross-region share and each client region's median p50.
+Prints one line per (workload, policy): the median over the seeds of p50 and p99 TTFT (ms) and of
+the cross-region share, each seed's p50/p99/cross-region share, and each client region's median p50.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from routing_quality import (  # this directory is on sys.path
@@ -42,6 +48,7 @@ from routing_quality import (  # this directory is on sys.path
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import ChatMessage, render_messages
 from routing.contract import ModelSpec, RegionSpec
+from routing.state.sharing import LOAD_INTERVAL_S, PREFIX_FLUSH_INTERVAL_S
 from simulator.replay import ReplayRequest, percentile, replay
 from simulator.snapshots import make_node, make_snapshot
 from simulator.text import text_of_tokens
@@ -87,8 +94,21 @@ def replay_requests(plan: WorkloadPlan, model: str) -> list[ReplayRequest]:
     return requests
 
 
-def run(workload: str, policy: str, seed: int, requests: int, overrides: dict[str, float]) -> dict[str, Any]:
-    """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region."""
+def run(
+    workload: str,
+    policy: str,
+    seed: int,
+    requests: int,
+    overrides: dict[str, float],
+    sharing_delay_ms: float = LOAD_INTERVAL_S * 1000.0,
+    shared_state_rtt_ms: float = 0.0,
+    prefix_delay_ms: float = PREFIX_FLUSH_INTERVAL_S * 1000.0,
+    peer_claims: bool = True,
+) -> dict[str, Any]:
+    """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region.
+
+    ``sharing_delay_ms``: the gateways' load-exchange period (0: peers' load seen at once);
+    ``shared_state_rtt_ms``: the round trip from a gateway to the shared store."""
     scenario = SCENARIOS[workload]
     topology = load_topology(scenario.topology_path)
     rate = scenario_rate(scenario, topology)
@@ -106,7 +126,16 @@ def run(workload: str, policy: str, seed: int, requests: int, overrides: dict[st
     traffic = replay_requests(plan, topology.nodes[0].model)
     algorithm, policy_params = GORGO_POLICIES[policy]
     params = _params(algorithm, {**policy_params, **overrides})
-    outcome = replay(snapshot_of(topology, params), rtt_of(topology), traffic, scrape_interval_s=None)
+    outcome = replay(
+        snapshot_of(topology, params),
+        rtt_of(topology),
+        traffic,
+        scrape_interval_s=None,
+        sharing_interval_s=sharing_delay_ms / 1000.0 or None,
+        sharing_rtt_s=shared_state_rtt_ms / 1000.0,
+        prefix_interval_s=prefix_delay_ms / 1000.0,
+        peer_claims=peer_claims,
+    )
     measured = outcome.requests[warmup:]
     ttfts = sorted(r.ttft_ms for r in measured if r.ttft_ms is not None)
     by_region: dict[str, list[float]] = {}
@@ -167,14 +196,60 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a gorgo parameter, e.g. w_displacement=0.5",
     )
+    parser.add_argument(
+        "--sharing-delay-ms",
+        type=float,
+        default=LOAD_INTERVAL_S * 1000.0,
+        help="how often gateways exchange their load (routing.state.sharing's period, the default); "
+        "each sees its peers' as of their last write before its last read; 0: at once (the old model)",
+    )
+    parser.add_argument(
+        "--shared-state-rtt-ms",
+        type=float,
+        default=0.0,
+        help="round trip from a gateway to the shared Redis (0: loopback, as the wall-clock benchmark)",
+    )
+    parser.add_argument(
+        "--prefix-delay-ms",
+        type=float,
+        default=PREFIX_FLUSH_INTERVAL_S * 1000.0,
+        help="how often gateways publish their prefix-index insertions (routing.state.sharing's period, "
+        "the default); 0: one index for all gateways, updated at once; only with --sharing-delay-ms",
+    )
+    parser.add_argument(
+        "--no-peer-claims",
+        action="store_true",
+        help="the gateways before issue 24's claims: a peer's prefix update moves the index only, "
+        "its work counts from the peer's next load report",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write every seed's figures to OUT.json and the summary lines to OUT.md",
+    )
     args = parser.parse_args(argv)
     overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    results: list[dict[str, Any]] = []
+    lines: list[str] = []
     for workload in args.workloads.split(","):
         if workload not in SCENARIOS or SCENARIOS[workload].workload == "region-outage":
             raise SystemExit(f"error: {workload!r} is not a workload the event model runs")
         for policy in args.policies.split(","):
-            rows = [run(workload, policy, seed, args.requests, overrides) for seed in seeds]
+            rows = [
+                run(
+                    workload,
+                    policy,
+                    seed,
+                    args.requests,
+                    overrides,
+                    args.sharing_delay_ms,
+                    args.shared_state_rtt_ms,
+                    args.prefix_delay_ms,
+                    not args.no_peer_claims,
+                )
+                for seed in seeds
+            ]
             p50 = statistics.median(row["p50_ms"] for row in rows)
             p99 = statistics.median(row["p99_ms"] for row in rows)
             cross = statistics.median(row["cross_region_share"] for row in rows)
@@ -182,11 +257,44 @@ def main(argv: list[str] | None = None) -> int:
                 region: round(statistics.median(row["region_p50_ms"][region] for row in rows))
                 for region in rows[0]["region_p50_ms"]
             }
-            each = " ".join(f"{row['p50_ms']:.0f}/{row['p99_ms']:.0f}" for row in rows)
-            print(
-                f"{workload:>13} {policy:<22} p50 {p50:6.0f} p99 {p99:6.0f} cross {cross:4.0%}  [{each}]  {regions}",
-                flush=True,
+            each = " ".join(
+                f"{row['p50_ms']:.0f}/{row['p99_ms']:.0f}/{row['cross_region_share']:.0%}" for row in rows
             )
+            line = f"{workload:>13} {policy:<22} p50 {p50:6.0f} p99 {p99:6.0f} cross {cross:4.0%}  [{each}]  {regions}"
+            print(line, flush=True)
+            lines.append(line)
+            results.append(
+                {
+                    "workload": workload,
+                    "policy": policy,
+                    "p50_ms": p50,
+                    "p99_ms": p99,
+                    "cross_region_share": cross,
+                    "region_p50_ms": regions,
+                    "seeds": dict(zip(seeds, rows, strict=True)),
+                }
+            )
+    if args.out is not None:
+        meta = {
+            "seeds": seeds,
+            "requests": args.requests,
+            "params": overrides,
+            "sharing_delay_ms": args.sharing_delay_ms,
+            "shared_state_rtt_ms": args.shared_state_rtt_ms,
+            "prefix_delay_ms": args.prefix_delay_ms,
+            "peer_claims": not args.no_peer_claims,
+            "command": " ".join(["python", "benchmarks/routing_quality_events.py", *(argv or sys.argv[1:])]),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(
+            json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
+        )
+        summary = "\n".join(lines)
+        args.out.with_suffix(".md").write_text(
+            f"# Event model: {meta['command']}\n\nMedian over the seeds of p50 / p99 TTFT (ms) and cross-region"
+            " share; each seed's p50/p99/cross; each client region's median p50.\n\n"
+            f"```\n{summary}\n```\n"
+        )
     return 0
 
 

@@ -15,8 +15,16 @@ processes or wall-clock waits:
   (``routing.state.eligibility``), the policy's algorithm over a ``RoutingView`` (pure function), the
   approximate prefix index fed with the request's recorded prefix-hash chain
   (``RequestRecord.prefix_hashes``), and the in-flight book (``routing.state.inflight``, each
-  request counted under its gateway's region). One book and one index serve every region: gateways share both in production (``routing.sharing``); here sharing
-  is instant, which is the replay's main optimism.
+  request counted under its gateway's region). One gateway per region. One index serves every
+  region (gateways share insertions within ~50 ms in production; here at once).
+- **Sharing load** (``sharing_interval_s``): by default one book serves every region, so each
+  gateway sees every peer's outstanding work the moment it changes (the replay's main optimism:
+  gateways deciding on the same slightly old view of their peers herd, and that cannot happen
+  here). With an interval, each gateway keeps its own book (its own work counts at once) and
+  exchanges load as ``routing.state.sharing`` does: every ``sharing_interval_s`` (its period,
+  ``LOAD_INTERVAL_S``; the gateways' phases spread evenly over it, so the replay stays
+  deterministic) it writes its counts and reads its peers' last writes, through a store
+  ``sharing_rtt_s`` away (the write lands half a round trip later, the answer a whole one).
 - **A request** leaves its gateway ``gateway_ms`` after arrival (as recorded), reaches the node
   half a round trip later (RTT from the table telemetry measured), and its first token reaches the
   client half a round trip after the engine produced it. Its prompt is rebuilt from the prefix
@@ -43,14 +51,17 @@ from routing.algorithms.base import RoutingRequest, RoutingView
 from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import (
     SCHEMA_VERSION,
+    GatewayLoad,
     NodeLiveState,
     NodeSpec,
     PolicySnapshot,
+    PrefixUpdate,
     RequestRecord,
     RTTTable,
 )
 from routing.state.eligibility import eligible_nodes
 from routing.state.inflight import InFlight, Lease
+from routing.state.sharing import PeerLoad, apply_peer_update, build_updates, load_report
 from simulator.engine import (
     MAX_STEP_LAG_S,
     Engine,
@@ -416,20 +427,42 @@ def replay(
     scrape_interval_s: float | None = DEFAULT_SCRAPE_INTERVAL_S,
     wall_budget_s: float = DEFAULT_WALL_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
+    sharing_interval_s: float | None = None,
+    sharing_rtt_s: float = 0.0,
+    prefix_interval_s: float = 0.0,
+    peer_claims: bool = True,
 ) -> ReplayOutcome:
     """Route ``requests`` (sorted by arrival) with ``snapshot``'s policy on its emulated fleet.
 
     ``rtt_ms``: (gateway region, node id) -> round trip; a missing pair costs the policy's
     ``default_rtt_ms`` if it has one, else 100 ms. ``scrape_interval_s`` None: no live state (a
-    fleet without telemetry workers). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
+    fleet without telemetry workers). ``sharing_interval_s`` None (or 0): gateways see each
+    other's load at once; else they exchange it every that many seconds, through a store
+    ``sharing_rtt_s`` away (module docstring). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
     """
     loop = VirtualClockLoop()
+    sharing = (
+        _Sharing(sharing_interval_s, sharing_rtt_s, prefix_interval_s, peer_claims)
+        if sharing_interval_s
+        else None
+    )
     try:
         return loop.run_until_complete(
-            _Replay(snapshot, rtt_ms, requests, scrape_interval_s, wall_budget_s, clock).run()
+            _Replay(snapshot, rtt_ms, requests, scrape_interval_s, wall_budget_s, clock, sharing).run()
         )
     finally:
         loop.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sharing:
+    """How gateways exchange load (every ``interval_s``, through a store ``rtt_s`` away) and prefix
+    insertions (every ``prefix_interval_s``; 0: one index for all, updated at once)."""
+
+    interval_s: float
+    rtt_s: float
+    prefix_interval_s: float
+    claims: bool = True  # False: the gateways before claims (issue 24), insertions only
 
 
 class _Replay:
@@ -443,6 +476,7 @@ class _Replay:
         scrape_interval_s: float | None,
         wall_budget_s: float,
         clock: Callable[[], float],
+        sharing: _Sharing | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.algorithm = REGISTRY[snapshot.policy.algorithm]
@@ -456,12 +490,25 @@ class _Replay:
         for (region, node_id), value in rtt_ms.items():
             self.rtt_by_region.setdefault(region, {})[node_id] = value
         self.nodes = {node.id: node for node in snapshot.nodes}
-        self.inflight = InFlight()
-        self.inflight.set_node_regions({node.id: node.region for node in snapshot.nodes})
-        self.index = ApproxPrefixIndex(clock=lambda: 0.0)  # every call passes its own time
-        self.index.sync_nodes(snapshot.nodes)
+        node_regions = {node.id: node.region for node in snapshot.nodes}
+        self.inflight = InFlight()  # instant sharing: one book for every gateway
+        self.inflight.set_node_regions(node_regions)
         self.tokens_per_chunk = tokens_per_chunk_of(requests)
-        self.index.set_chars_per_token(CHUNK_BYTES / self.tokens_per_chunk)
+        self.index = self._new_index()  # instant sharing: one index for every gateway
+        self.sharing = sharing
+        # Delayed sharing: each gateway's own book, and what each last wrote to the shared store;
+        # each gateway's own prefix index when insertions are shared every interval too.
+        self.books: dict[str, InFlight] = {}
+        self.reports: dict[str, GatewayLoad] = {}
+        self.indexes: dict[str, ApproxPrefixIndex] = {}
+        self.peers: dict[str, PeerLoad] = {}  # what each gateway knows of the others' load
+        if sharing is not None:
+            for region in sorted({request.gateway_region for request in requests}):
+                book = self.books[region] = InFlight(region)
+                book.set_node_regions(node_regions)
+                self.peers[region] = PeerLoad()
+                if sharing.prefix_interval_s:
+                    self.indexes[region] = self._new_index()
         self.chunk_tokens: dict[int, list[int]] = {}
         self.live: dict[int, NodeLiveState] = {}
         self.candidates: dict[tuple[str, str], tuple[NodeSpec, ...]] = {}
@@ -471,6 +518,12 @@ class _Replay:
         self.unroutable = 0
         self.done: asyncio.Future[None] | None = None
         self.engines: dict[int, ReplayEngine] = {}
+
+    def _new_index(self) -> ApproxPrefixIndex:
+        index = ApproxPrefixIndex(clock=lambda: 0.0)  # every call passes its own time
+        index.sync_nodes(self.snapshot.nodes)
+        index.set_chars_per_token(CHUNK_BYTES / self.tokens_per_chunk)
+        return index
 
     async def run(self) -> ReplayOutcome:
         loop = asyncio.get_running_loop()
@@ -499,6 +552,14 @@ class _Replay:
         last_arrival_s = max((r.arrival_s for r in self.requests), default=0.0)
         loop.call_at(last_arrival_s + DRAIN_S, self._give_up)
         scraper = loop.create_task(self._scrape_every()) if self.scrape_interval_s is not None else None
+        exchanges = [
+            loop.create_task(self._exchange_every(region, slot / len(self.books)))
+            for slot, region in enumerate(self.books)
+        ]
+        exchanges += [
+            loop.create_task(self._flush_prefixes_every(region, slot / len(self.indexes)))
+            for slot, region in enumerate(self.indexes)
+        ]
         watchdog = loop.create_task(self._watch_wall(started))
         if not self.requests:
             self.done.set_result(None)
@@ -507,6 +568,8 @@ class _Replay:
         finally:
             if scraper is not None:
                 scraper.cancel()
+            for exchange in exchanges:
+                exchange.cancel()
             watchdog.cancel()
             for engine in self.engines.values():
                 await engine.stop()
@@ -552,14 +615,16 @@ class _Replay:
         now = loop.time()
         node_ids = tuple(node.id for node in candidates)
         uses_index = self.algorithm.needs_prefix_matches
-        matched = self.index.match_hashes(request.prefix_hashes, node_ids, now) if uses_index else {}
         region = request.gateway_region
+        index = self.indexes.get(region, self.index)
+        matched = index.match_hashes(request.prefix_hashes, node_ids, now) if uses_index else {}
         self.sequence[region] = sequence = self.sequence.get(region, 0) + 1
+        book = self.books.get(region, self.inflight)
         view = RoutingView(
             region,
             candidates,
             self.snapshot.policy.params,
-            self.inflight.load_view(),
+            book.load_view(),
             self.rtt_by_region.get(region, {}),
             self.live,
             matched,
@@ -572,12 +637,12 @@ class _Replay:
         decision = self.algorithm.choose(view, routed)
         node = decision.node
         if uses_index:
-            self.index.insert_hashes(node.id, request.prefix_hashes, now)
+            index.insert_hashes(node.id, request.prefix_hashes, now)
         cost = decision.cost
         prefill_tokens = (
             cost.uncached_tokens if cost is not None and cost.node_id == node.id else request.prompt_tokens
         )
-        lease = self.inflight.begin(node.id, prefill_tokens, region)
+        lease = book.begin(node.id, prefill_tokens, region)
         rtt_ms = self._rtt(region, node.id)
         predicted = cost.total_ms if cost is not None and cost.node_id == node.id else None
         sent_s = now + request.gateway_ms / 1000.0
@@ -636,7 +701,8 @@ class _Replay:
         if not self.algorithm.needs_prefix_matches or not request.prompt_tokens:
             return
         cached = sim.num_cached_tokens or 0
-        self.index.observe(node_id, matched / request.prompt_tokens, cached / sim.num_prompt_tokens, now)
+        index = self.indexes.get(request.gateway_region, self.index)
+        index.observe(node_id, matched / request.prompt_tokens, cached / sim.num_prompt_tokens, now)
 
     def _finished(self, lease: Lease) -> None:
         lease.release()
@@ -658,6 +724,86 @@ class _Replay:
     def _give_up(self) -> None:
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
+
+    # ---- load sharing between gateways (delayed) -----------------------------------------------
+
+    async def _exchange_every(self, region: str, phase: float) -> None:
+        """One gateway's load exchange, as ``GatewaySharing``'s: every interval from its phase on."""
+        assert self.sharing is not None
+        interval_s = self.sharing.interval_s
+        await asyncio.sleep(phase * interval_s)
+        while True:
+            self._exchange(region)
+            await asyncio.sleep(interval_s)
+
+    def _exchange(self, region: str) -> None:
+        """Write this gateway's counts and read its peers' latest (one round trip to the store)."""
+        assert self.sharing is not None
+        loop = asyncio.get_running_loop()
+        book = self.books[region]
+        report = load_report(
+            f"replay-{region}",
+            region,
+            loop.time(),
+            (
+                book.outstanding_requests(),
+                book.outstanding_prefill_tokens(),
+                book.home_requests(),
+                book.outstanding_context_tokens(),
+            ),
+        )
+        half_rtt_s = self.sharing.rtt_s / 2.0
+        if half_rtt_s > 0:
+            loop.call_later(half_rtt_s, self._write_and_read, region, report, half_rtt_s)
+        else:
+            self._write_and_read(region, report, 0.0)
+
+    async def _flush_prefixes_every(self, region: str, phase: float) -> None:
+        """One gateway's prefix publisher: its new insertions reach its peers every interval, a
+        round trip to the store later (half to write, half for the peers' blocking reads, which
+        return as entries arrive); each peer applies them to its index and claims their work in
+        its view of the peers' load."""
+        assert self.sharing is not None
+        interval_s = self.sharing.prefix_interval_s
+        rtt_s = self.sharing.rtt_s
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(phase * interval_s)
+        while True:
+            updates = build_updates(f"replay-{region}", self.indexes[region].take_updates())
+            if updates:
+                for peer in self.indexes:
+                    if peer == region:
+                        continue
+                    if rtt_s > 0:
+                        loop.call_later(rtt_s, self._receive_prefixes, peer, updates)
+                    else:
+                        self._receive_prefixes(peer, updates)
+            await asyncio.sleep(interval_s)
+
+    def _receive_prefixes(self, region: str, updates: list[PrefixUpdate]) -> None:
+        assert self.sharing is not None
+        index = self.indexes[region]
+        if not self.sharing.claims:
+            for update in updates:
+                index.apply_remote(update)
+            return
+        for update in updates:
+            apply_peer_update(index, self.peers[region], update)
+        self.books[region].set_peer_load(self.peers[region].load())
+
+    def _write_and_read(self, region: str, report: GatewayLoad, half_rtt_s: float) -> None:
+        self.reports[region] = report
+        seen = [load for peer, load in self.reports.items() if peer != region]
+        if half_rtt_s > 0:
+            asyncio.get_running_loop().call_later(half_rtt_s, self._read, region, seen)
+        else:
+            self._read(region, seen)
+
+    def _read(self, region: str, seen: list[GatewayLoad]) -> None:
+        """The peers' reports reach this gateway."""
+        peers = self.peers[region]
+        peers.read_reports(seen)
+        self.books[region].set_peer_load(peers.load())
 
     # ---- telemetry side --------------------------------------------------------------------------
 

@@ -17,6 +17,13 @@ the request path:
   entries older than ``PRUNE_AFTER_S`` are deleted. The sum of the fresh peers' loads per node is
   published as an immutable ``peer_load`` mapping (and handed to ``on_peer_load``, e.g.
   ``InFlight.set_peer_load``), which the gateway adds to its own in-flight counts.
+- claims (``PeerLoad``): a peer's prefix update is also a request it just sent to that node, up to
+  two load periods before its load report says so. Until the report written after it has been
+  read, each update counts in ``peer_load`` as one outstanding request whose prefill is the
+  update's chunks this gateway's index did not yet place on that node. Without it a node a peer
+  just sent a long prompt to looked warm (the index already had the prompt) and idle (its load
+  not yet in) to every other gateway, which all sent their requests there: issue 24's herding on
+  stale peer load (docs/routing.md). Claims ride the prefix stream, so they cost no Redis call.
 
 Redis down: each task logs once, retries with exponential backoff and jitter, and the gateway
 keeps routing on local data. Peer load older than ``peer_stale_after_s`` is dropped rather than
@@ -37,9 +44,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
@@ -68,6 +77,15 @@ _GATEWAY_FIELD_BYTES = PREFIX_STREAM_GATEWAY_FIELD.encode()
 MAX_HASHES_PER_UPDATE = 2048  # keeps one stream entry under ~50 KB of JSON
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
+# How often a gateway writes its load and reads its peers' (one round trip): a peer's load is up
+# to twice this old when read (its last write, then our last read), plus the round trip to Redis.
+# The event model (``simulator.replay``) ages peer load by the same period.
+LOAD_INTERVAL_S = 0.1
+# How often a gateway publishes its new prefix-index insertions (peers read them as they arrive).
+PREFIX_FLUSH_INTERVAL_S = 0.05
+# Claims waiting for their writer's next load report; past this the oldest are dropped (a peer
+# whose reports stopped: its claims would otherwise count forever).
+CLAIMS_MAX = 10_000
 
 # (outstanding requests, outstanding prefill tokens, home requests, outstanding context tokens),
 # each node id -> count
@@ -79,9 +97,16 @@ class SharedIndex(Protocol):
 
     ttl_s: float
 
+    @property
+    def chunk_tokens(self) -> float: ...
+
     def take_updates(self) -> list[tuple[int, tuple[int, ...], float]]: ...
 
     def apply_remote(self, update: PrefixUpdate) -> None: ...
+
+    def match_hashes(
+        self, hashes: Sequence[int], node_ids: Iterable[int], now_s: float
+    ) -> dict[int, int]: ...
 
 
 class GatewaySharing:
@@ -97,8 +122,8 @@ class GatewaySharing:
         index: SharedIndex,
         load_source: LoadSource,
         on_peer_load: Callable[[Mapping[int, NodeLoad]], None] | None = None,
-        prefix_flush_interval_s: float = 0.05,
-        load_interval_s: float = 0.1,
+        prefix_flush_interval_s: float = PREFIX_FLUSH_INTERVAL_S,
+        load_interval_s: float = LOAD_INTERVAL_S,
         peer_stale_after_s: float = 3.0,
         stream_maxlen: int = 10_000,
         read_block_ms: int = 250,
@@ -120,6 +145,7 @@ class GatewaySharing:
         self.warm_start_entries = warm_start_entries
         self._clock = clock
         self._peer_load: Mapping[int, NodeLoad] = MappingProxyType({})
+        self._peers = PeerLoad()
         self._peer_load_at_s = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -218,36 +244,11 @@ class GatewaySharing:
         return self.prefix_flush_interval_s
 
     def build_updates(self, insertions: list[tuple[int, tuple[int, ...], float]]) -> list[PrefixUpdate]:
-        """Merge insertions per node into ``PrefixUpdate``s, in the order a reader must apply them.
-
-        A reader touches each update's hashes tail first. Concatenating a node's insertions (and
-        keeping a repeated hash at its first place) keeps every chain's prefix touched after its
-        extensions; an update split for size is emitted last part first for the same reason.
-        """
-        merged: dict[int, dict[int, None]] = {}
-        latest_s: dict[int, float] = {}
-        for node_id, hashes, ts in insertions:
-            chain = merged.setdefault(node_id, {})
-            for chunk in hashes:
-                chain.setdefault(chunk, None)
-            latest_s[node_id] = max(ts, latest_s.get(node_id, ts))
-        updates: list[PrefixUpdate] = []
-        for node_id, chain in merged.items():
-            hashes = tuple(chain)
-            starts = range(0, len(hashes), MAX_HASHES_PER_UPDATE)
-            for start in reversed(starts):
-                updates.append(
-                    PrefixUpdate(
-                        schema_version=SCHEMA_VERSION,
-                        gateway_id=self.gateway_id,
-                        node_id=node_id,
-                        chunk_hashes=hashes[start : start + MAX_HASHES_PER_UPDATE],
-                        ts=latest_s[node_id],
-                    )
-                )
-        return updates
+        """This gateway's insertions as ``PrefixUpdate``s (``build_updates``)."""
+        return build_updates(self.gateway_id, insertions)
 
     async def _read_prefixes(self) -> None:
+        claims = self._peers.claims
         last_id: bytes | str | None = None
         backoff_s = BACKOFF_MIN_S
         while not self._stopping.is_set():
@@ -271,6 +272,9 @@ class GatewaySharing:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     self._apply_entry(fields)
+            if self._peers.claims != claims:
+                claims = self._peers.claims
+                self._set_peer_load(self._peers.load(), self._peer_load_at_s)
 
     async def _warm_start(self) -> bytes | str:
         """Apply the recent history of the stream; return the id to read on from."""
@@ -299,29 +303,22 @@ class GatewaySharing:
             return
         if update.gateway_id == self.gateway_id or (oldest_s is not None and update.ts < oldest_s):
             return
-        self._index.apply_remote(update)
+        if oldest_s is None:  # live, not the warm start's history
+            apply_peer_update(self._index, self._peers, update)
+        else:
+            self._index.apply_remote(update)
         self.updates_applied += 1
 
     # ---- load ---------------------------------------------------------------------------------
 
     async def _exchange_load_once(self) -> float:
-        requests, prefill_tokens, home_requests, context_tokens = self._load_source()
         now_s = self._clock()
-        own = GatewayLoad(
-            schema_version=SCHEMA_VERSION,
-            gateway_id=self.gateway_id,
-            region=self.region,
-            updated_at=now_s,
-            outstanding_requests={node: count for node, count in requests.items() if count},
-            outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
-            home_requests={node: count for node, count in home_requests.items() if count},
-            outstanding_context_tokens={node: count for node, count in context_tokens.items() if count},
-        )
+        own = load_report(self.gateway_id, self.region, now_s, self._load_source())
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(self._keys.gateway_load, self.gateway_id, encode(own))
         pipe.hgetall(self._keys.gateway_load)
         _, entries = await pipe.execute()
-        totals: dict[int, list[int]] = {}
+        fresh: list[GatewayLoad] = []
         expired: list[bytes | str] = []
         for field, raw in entries.items():
             name = field.decode() if isinstance(field, bytes) else field
@@ -336,23 +333,11 @@ class GatewaySharing:
                 if age_s > PRUNE_AFTER_S:
                     expired.append(field)
                 continue
-            for node_id, count in peer.outstanding_requests.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[0] += count
-            for node_id, count in peer.outstanding_prefill_tokens.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[1] += count
-            for node_id, count in peer.home_requests.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[2] += count
-            for node_id, count in peer.outstanding_context_tokens.items():
-                totals.setdefault(node_id, [0, 0, 0, 0])[3] += count
+            fresh.append(peer)
         if expired:
             await self._redis.hdel(self._keys.gateway_load, *expired)
-        self._set_peer_load(
-            {
-                node_id: NodeLoad(requests, tokens, home, context)
-                for node_id, (requests, tokens, home, context) in totals.items()
-            },
-            now_s,
-        )
+        self._peers.read_reports(fresh)
+        self._set_peer_load(self._peers.load(), now_s)
         return self.load_interval_s
 
     def _set_peer_load(self, load: dict[int, NodeLoad], now_s: float) -> None:
@@ -364,4 +349,141 @@ class GatewaySharing:
     def _expire_peer_load(self) -> None:
         now_s = self._clock()
         if self._peer_load and now_s - self._peer_load_at_s > self.peer_stale_after_s:
+            self._peers = PeerLoad()
             self._set_peer_load({}, now_s)
+
+
+class PeerLoad:
+    """The other gateways' outstanding work as this gateway knows it: their last load reports,
+    plus a claim for each prefix update they sent since (module docstring). No I/O: the event
+    model (``simulator.replay``) keeps one per gateway too."""
+
+    __slots__ = ("_claims", "_reported", "_reported_at", "claims")
+
+    def __init__(self) -> None:
+        self._reported: dict[int, NodeLoad] = {}
+        self._reported_at: dict[str, float] = {}
+        # (writer, its time of the update, node id, prefill tokens), oldest first
+        self._claims: deque[tuple[str, float, int, int]] = deque(maxlen=CLAIMS_MAX)
+        self.claims = 0  # claims made so far: a reader republishes the load when it moved
+
+    def read_reports(self, reports: Iterable[GatewayLoad]) -> None:
+        """The fresh peers' reports, just read: they replace the sum, and cover every claim of
+        their writer made up to the report's time (on the writer's clock, like the claims')."""
+        reports = list(reports)
+        self._reported = peer_load_of(reports)
+        self._reported_at = reported_at = {report.gateway_id: report.updated_at for report in reports}
+        kept = [claim for claim in self._claims if claim[1] > reported_at.get(claim[0], -math.inf)]
+        self._claims.clear()
+        self._claims.extend(kept)
+
+    def claim(self, update: PrefixUpdate, prefill_tokens: int) -> None:
+        """A peer's update, read from the stream: one request it sent, unless its report is in."""
+        if update.ts <= self._reported_at.get(update.gateway_id, -math.inf):
+            return
+        self._claims.append((update.gateway_id, update.ts, update.node_id, prefill_tokens))
+        self.claims += 1
+
+    def load(self) -> dict[int, NodeLoad]:
+        """Node id -> the peers' reported load plus their claims since (a fresh dict)."""
+        load = dict(self._reported)
+        if not self._claims:
+            return load
+        extra: dict[int, list[int]] = {}
+        for _, _, node_id, tokens in self._claims:
+            counts = extra.setdefault(node_id, [0, 0])
+            counts[0] += 1
+            counts[1] += tokens
+        for node_id, (requests, tokens) in extra.items():
+            base = load.get(node_id)
+            if base is None:
+                load[node_id] = NodeLoad(requests, tokens, 0, tokens)
+            else:
+                load[node_id] = NodeLoad(
+                    base.outstanding_requests + requests,
+                    base.outstanding_prefill_tokens + tokens,
+                    base.home_requests,
+                    base.outstanding_context_tokens + tokens,
+                )
+        return load
+
+
+def apply_peer_update(index: SharedIndex, peers: PeerLoad, update: PrefixUpdate) -> None:
+    """Apply a peer's live update to ``index`` and claim its work in ``peers``: the prefill is the
+    update's chunks ``index`` did not yet place on the node (what a miss there would compute)."""
+    node_id = update.node_id
+    placed = index.match_hashes(update.chunk_hashes, (node_id,), update.ts).get(node_id, 0)
+    prefill_tokens = max(0, round(len(update.chunk_hashes) * index.chunk_tokens) - placed)
+    index.apply_remote(update)
+    peers.claim(update, prefill_tokens)
+
+
+def build_updates(
+    gateway_id: str, insertions: list[tuple[int, tuple[int, ...], float]]
+) -> list[PrefixUpdate]:
+    """Merge insertions per node into ``PrefixUpdate``s, in the order a reader must apply them.
+
+    A reader touches each update's hashes tail first. Concatenating a node's insertions (and
+    keeping a repeated hash at its first place) keeps every chain's prefix touched after its
+    extensions; an update split for size is emitted last part first for the same reason.
+    """
+    merged: dict[int, dict[int, None]] = {}
+    latest_s: dict[int, float] = {}
+    for node_id, hashes, ts in insertions:
+        chain = merged.setdefault(node_id, {})
+        for chunk in hashes:
+            chain.setdefault(chunk, None)
+        latest_s[node_id] = max(ts, latest_s.get(node_id, ts))
+    updates: list[PrefixUpdate] = []
+    for node_id, chain in merged.items():
+        hashes = tuple(chain)
+        starts = range(0, len(hashes), MAX_HASHES_PER_UPDATE)
+        for start in reversed(starts):
+            updates.append(
+                PrefixUpdate(
+                    schema_version=SCHEMA_VERSION,
+                    gateway_id=gateway_id,
+                    node_id=node_id,
+                    chunk_hashes=hashes[start : start + MAX_HASHES_PER_UPDATE],
+                    ts=latest_s[node_id],
+                )
+            )
+    return updates
+
+
+def load_report(
+    gateway_id: str,
+    region: str,
+    now_s: float,
+    load: tuple[Mapping[int, int], Mapping[int, int], Mapping[int, int], Mapping[int, int]],
+) -> GatewayLoad:
+    """This gateway's outstanding work as its peers read it (a ``LoadSource``'s counts, zeros left out)."""
+    requests, prefill_tokens, home_requests, context_tokens = load
+    return GatewayLoad(
+        schema_version=SCHEMA_VERSION,
+        gateway_id=gateway_id,
+        region=region,
+        updated_at=now_s,
+        outstanding_requests={node: count for node, count in requests.items() if count},
+        outstanding_prefill_tokens={node: count for node, count in prefill_tokens.items() if count},
+        home_requests={node: count for node, count in home_requests.items() if count},
+        outstanding_context_tokens={node: count for node, count in context_tokens.items() if count},
+    )
+
+
+def peer_load_of(peers: Iterable[GatewayLoad]) -> dict[int, NodeLoad]:
+    """The peers' reports summed per node: what a gateway adds to its own in-flight counts."""
+    totals: dict[int, list[int]] = {}
+    for peer in peers:
+        for node_id, count in peer.outstanding_requests.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[0] += count
+        for node_id, count in peer.outstanding_prefill_tokens.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[1] += count
+        for node_id, count in peer.home_requests.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[2] += count
+        for node_id, count in peer.outstanding_context_tokens.items():
+            totals.setdefault(node_id, [0, 0, 0, 0])[3] += count
+    return {
+        node_id: NodeLoad(requests, tokens, home, context)
+        for node_id, (requests, tokens, home, context) in totals.items()
+    }

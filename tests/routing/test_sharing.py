@@ -15,7 +15,13 @@ from routing.algorithms.base import NodeLoad
 from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
 from routing.state import sharing as sharing_module
-from routing.state.sharing import MAX_HASHES_PER_UPDATE, PRUNE_AFTER_S, GatewaySharing
+from routing.state.sharing import (
+    MAX_HASHES_PER_UPDATE,
+    PRUNE_AFTER_S,
+    GatewaySharing,
+    PeerLoad,
+    apply_peer_update,
+)
 from simulator.harness import free_port
 
 FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)
@@ -291,3 +297,39 @@ async def test_it_skips_its_own_stream_entries_without_decoding_them(
         await eventually(lambda: sharing.own_updates_skipped == 5)
     assert decoded == []
     assert sharing.updates_applied == 0
+
+
+async def test_it_counts_a_peers_fresh_insertion_as_its_work_until_the_peers_report_does(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    """Issue 24's herding: a peer's prefix update reaches this gateway within milliseconds, its
+    load report up to two load periods later. Meanwhile the node must not look warm and idle: the
+    update counts as one request whose prefill is what the index did not place there yet."""
+    east, west = ApproxPrefixIndex(), ApproxPrefixIndex()
+    prompt = text("shared-system-prompt", 6)  # 6 chunks of 64 tokens at 4 characters per token
+    async with (
+        running(gateway(client, redis_keys, "east", east)),
+        running(gateway(client, redis_keys, "west", west, load_interval_s=3600.0)) as reader,
+    ):
+        east.insert(2, text("first", 2))  # once it reached west (warm start or stream), west reads on
+        await eventually(lambda: reader.updates_applied == 1)
+        east.insert(1, prompt)
+        await eventually(lambda: reader.peer_load.get(1) == NodeLoad(1, 384, 0, 384))
+        assert west.match([1], prompt) == {1: 384}
+        await asyncio.sleep(FAST["load_interval_s"] * 3)  # east writes its (empty) load again
+        await reader._exchange_load_once()  # this gateway's next exchange reads that report
+        assert 1 not in reader.peer_load  # the report covers the claim: east has nothing there
+
+
+def test_a_claim_counts_only_what_the_index_did_not_place_yet() -> None:
+    index = ApproxPrefixIndex(chars_per_token=4.0)
+    peers = PeerLoad()
+    hashes = index.chunk_hashes(text("conversation", 10))
+    index.insert_hashes(2, hashes[:8], 100.0)  # the first 8 chunks' earlier turn went there
+    apply_peer_update(index, peers, PrefixUpdate(SCHEMA_VERSION, "east", 2, tuple(hashes), 101.0))
+    assert peers.load() == {2: NodeLoad(1, 2 * 64, 0, 2 * 64)}
+    report = GatewayLoad(SCHEMA_VERSION, "east", "us-east", 101.5, {2: 1}, {2: 128}, {}, {2: 128})
+    peers.read_reports([report])
+    assert peers.load() == {2: NodeLoad(1, 128, 0, 128)}  # the report, not the report and the claim
+    apply_peer_update(index, peers, PrefixUpdate(SCHEMA_VERSION, "east", 3, tuple(hashes), 101.2))
+    assert peers.load() == {2: NodeLoad(1, 128, 0, 128)}  # older than the report: already in it

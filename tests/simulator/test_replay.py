@@ -164,3 +164,68 @@ def test_a_macro_step_counts_only_the_blocks_requests_still_lack() -> None:
 
     # 20 steps to their end: `behind` needs 2 more blocks and 1 is free, so the engine steps singly.
     assert asyncio.run(check()) == 1
+
+
+def peer_sees(at_s: float, **sharing: float) -> int | None:
+    """The node least_load gives a west request at ``at_s`` after east sent one to node 2 at 0.01 s.
+
+    Both idle, a west request's first choice is node 2 (its counter's turn); it takes node 1 only
+    when it sees east's request there. With delayed sharing the gateways exchange load every
+    100 ms, east at 0, 100, 200 ms and west half a period later (50, 150, 250 ms).
+    """
+    traffic = [
+        ReplayRequest(0.01, "east", "m", 1000, 200, prompt_chars=4000),
+        ReplayRequest(at_s, "west", "m", 1000, 200, prompt_chars=4000),
+    ]
+    outcome = replay(snapshot("least_load", TWO_REGIONS), RTT_MS, traffic, **sharing)
+    assert outcome.requests[0].node_id == 2
+    return outcome.requests[1].node_id
+
+
+def test_it_shows_a_peers_load_at_once_when_sharing_is_instant() -> None:
+    assert peer_sees(0.02) == 1
+
+
+def test_it_shows_a_peers_load_only_after_the_next_exchanges() -> None:
+    # east writes its request at 100 ms, west reads it at 150 ms
+    assert peer_sees(0.12, sharing_interval_s=0.1) == 2
+    assert peer_sees(0.149, sharing_interval_s=0.1) == 2
+    assert peer_sees(0.151, sharing_interval_s=0.1) == 1
+
+
+def test_it_delays_a_peers_load_by_the_round_trip_to_the_shared_store() -> None:
+    # east's write lands at 120 ms; west's read at 150 ms lands at 170 ms and answers at 190 ms
+    assert peer_sees(0.185, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 2
+    assert peer_sees(0.195, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 1
+
+
+def test_a_replay_with_delayed_sharing_is_deterministic() -> None:
+    traffic = [request(i * 0.013, region=REGIONS[i % 2], tokens=800 + 29 * i) for i in range(80)]
+    runs = [replay(snapshot("gorgo", TWO_REGIONS), RTT_MS, traffic, sharing_interval_s=0.1) for _ in range(2)]
+    assert [r.node_id for r in runs[0].requests] == [r.node_id for r in runs[1].requests]
+    assert runs[0].ttfts_ms() == runs[1].ttfts_ms()
+
+
+def west_choice_after_a_peers_insertion(**sharing: object) -> int | None:
+    """gorgo's node for a west request at 70 ms after east sent a 1,000-token prompt to node 1.
+
+    Two equal west nodes, 2 ms from both gateways: idle, the tie goes to node 1; seen busy with
+    east's prefill, node 2 wins. East flushes its prefix insertions at 0, 50, 100 ms; the gateways
+    exchange load at 0, 100 ms (east) and 50, 150 ms (west).
+    """
+    nodes = (node(1, "west"), node(2, "west"))
+    rtt_ms = {(region, node_id): 2.0 for region in REGIONS for node_id in (1, 2)}
+    traffic = [
+        request(0.01, "east", tokens=1000, hashes=tuple(range(1, 16))),
+        request(0.07, "west", tokens=1000, hashes=tuple(range(100, 115))),
+    ]
+    outcome = replay(
+        snapshot("gorgo", nodes), rtt_ms, traffic, sharing_interval_s=0.1, prefix_interval_s=0.05, **sharing
+    )
+    assert outcome.requests[0].node_id == 1
+    return outcome.requests[1].node_id
+
+
+def test_a_peers_prefix_insertion_counts_as_its_work_before_its_load_report() -> None:
+    assert west_choice_after_a_peers_insertion() == 2
+    assert west_choice_after_a_peers_insertion(peer_claims=False) == 1  # the gateways before
