@@ -7,7 +7,6 @@ never cross the gateway, nor do the headers the gateway sets itself; everything 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from routing.errors import GatewayError
@@ -38,16 +37,23 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-@dataclass(slots=True)
 class RequestHeaders:
-    """What one pass over the client's headers found."""
+    """What one pass over the client's headers found.
 
-    forward: list[tuple[bytes, bytes]]  # (name, value) as the client sent them, to encode for the node
-    request_id: str | None = None
-    content_length: int | None = None
-    session_key: str | None = None
-    authorization: bytes | None = None
-    api_key: bytes | None = None
+    A plain class, not a dataclass: compiled, a dataclass's ``__init__`` is the Python function
+    ``dataclasses`` wrote, called through the type (~2.5 k instructions a request); this one's is
+    native (~0.2 k).
+    """
+
+    __slots__ = ("api_key", "authorization", "content_length", "forward", "request_id", "session_key")
+
+    def __init__(self, forward: list[tuple[bytes, bytes]]) -> None:
+        self.forward = forward  # (name, value) as the client sent them, to encode for the node
+        self.request_id: str | None = None
+        self.content_length: int | None = None
+        self.session_key: str | None = None
+        self.authorization: bytes | None = None
+        self.api_key: bytes | None = None
 
 
 _JSON: Final = (b"Content-Type", b"application/json")

@@ -4,7 +4,7 @@ The counters and histograms updated per request are plain numbers, not prometheu
 metric objects: every update there takes a ``threading.Lock`` (a histogram also walks its buckets
 in Python), ~7 µs a request in the profile (docs/gateway.md). The gateway updates its metrics on
 its one event-loop thread only, so a float per label set (and a bucket list per histogram child,
-found with ``bisect``) needs no lock; the families are rendered at scrape time with the names,
+found by bisection) needs no lock; the families are rendered at scrape time with the names,
 labels, values and ``_created`` series prometheus_client's own objects would write, so nothing is
 ever pending: a scrape sees every request finished before it. Gauges that mirror state the gateway
 already keeps (in-flight per node, policy version, request-log backlog) are read at scrape time by
@@ -17,7 +17,6 @@ port per worker, or run one worker per port, when exact totals matter.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -98,13 +97,27 @@ class LoopCounter(Collector):
         yield family
 
 
+class _HistogramChild:
+    """One label set's bucket counts (not cumulative), sum, creation time and labels."""
+
+    __slots__ = ("counts", "created_s", "labels", "total")
+
+    def __init__(self, buckets: int, labels: dict[str, str]) -> None:
+        self.counts = [0] * buckets
+        self.total = 0.0
+        self.created_s = time.time()
+        self.labels = labels
+
+
 class LoopHistogram(Collector):
     """A histogram family as bucket counts and a sum per label set, for the event-loop thread only.
 
-    ``observe`` finds the bucket with ``bisect`` (the first bound >= the value, as
-    prometheus_client's ``amount <= bound``) and adds to it; cumulative counts are summed at
-    scrape time. Keys are as ``LoopCounter``'s. Without labels the one child (key ``()``) exists from
-    the start, as prometheus_client's does.
+    ``observe`` finds the bucket by bisection (the first bound >= the value, as prometheus_client's
+    ``amount <= bound``) and adds to it; cumulative counts are summed at scrape time. Keys are as
+    ``LoopCounter``'s. Without labels the one child (key ``()``) exists from the start, as
+    prometheus_client's does. The bisection is written out over typed floats, and a child is a
+    small class, not a list of objects: compiled, ``bisect_left`` is a generic call and every item
+    of an ``Any`` list a boxed object (~1.9 k instructions an observation, 3 a request; ~0.5 k).
     """
 
     def __init__(
@@ -113,24 +126,32 @@ class LoopHistogram(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self.bounds = (*buckets, float("inf"))
+        self.bounds: tuple[float, ...] = (*buckets, float("inf"))
         self._le = tuple(floatToGoString(bound) for bound in self.bounds)
-        # key -> [bucket counts, sum, created (unix s), label values]
-        self.children: dict[Any, list[Any]] = {}
+        self.children: dict[Any, _HistogramChild] = {}
         if not self.labelnames:
             self._child(())
 
-    def _child(self, key: Any) -> list[Any]:
+    def _child(self, key: Any) -> _HistogramChild:
         labels = dict(zip(self.labelnames, _as_labels(key), strict=True))
-        child = self.children[key] = [[0] * len(self.bounds), 0.0, time.time(), labels]
+        child = self.children[key] = _HistogramChild(len(self.bounds), labels)
         return child
 
     def observe(self, key: Any, amount: float) -> None:
         child = self.children.get(key)
         if child is None:
             child = self._child(key)
-        child[0][bisect_left(self.bounds, amount)] += 1
-        child[1] += amount
+        bounds = self.bounds
+        low = 0
+        high = len(bounds)
+        while low < high:  # bisect_left: the first bound >= amount (the last is +inf)
+            middle = (low + high) // 2
+            if bounds[middle] < amount:
+                low = middle + 1
+            else:
+                high = middle
+        child.counts[low] += 1
+        child.total += amount
 
     def describe(self) -> list[Metric]:
         return []
@@ -138,16 +159,17 @@ class LoopHistogram(Collector):
     def collect(self) -> Iterator[Metric]:
         family = Metric(self.name, self.documentation, "histogram")
         created = _created_series()
-        for counts, sum_value, created_s, labels in self.children.values():
+        for child in self.children.values():
+            labels = child.labels
             accumulated = 0.0
-            for le, count in zip(self._le, counts, strict=True):
+            for le, count in zip(self._le, child.counts, strict=True):
                 accumulated += count
                 family.add_sample(self.name + "_bucket", {**labels, "le": le}, accumulated)
             family.add_sample(self.name + "_count", labels, accumulated)
             if self.bounds[0] >= 0:
-                family.add_sample(self.name + "_sum", labels, sum_value)
+                family.add_sample(self.name + "_sum", labels, child.total)
             if created:
-                family.add_sample(self.name + "_created", labels, created_s)
+                family.add_sample(self.name + "_created", labels, child.created_s)
         yield family
 
 
