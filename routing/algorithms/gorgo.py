@@ -61,7 +61,9 @@ Guards (each with a test that fails without it; docs/routing.md explains the mec
   the returned ``uncached_tokens`` is what the gateway should count as the request's outstanding
   prefill; and the prefix index scales a node's credit by how many of its predicted hits were real
   (``ApproxPrefixIndex.observe``), so a thrashing node stops attracting "hits" that are misses.
-- herding (Dynamo #589): peer gateways' outstanding work is in the load view (``routing.state.sharing``);
+- herding (Dynamo #589): peer gateways' outstanding work is in the load view (``routing.state.sharing``),
+  with a claim for each prefix update a peer sent since its last load report (a node a peer just
+  sent a long prompt to does not look warm and idle to everyone for up to 200 ms);
   near-equal nodes count as ties and wider ties are split by two random choices per gateway, so
   gateways deciding on the same slightly stale view spread instead of all picking the same node.
 """
