@@ -247,6 +247,22 @@ class _Fleet:
     regions: tuple[str, ...]  # per candidate, its region (staying at home against a forward)
 
 
+def _constants(node: NodeSpec, slot: int) -> tuple[NodeSpec, int, str, int, float, int, float, int]:
+    """One candidate's constants (``_Fleet.nodes``), its region in ``slot``."""
+    rate = node.prefill_tokens_per_s
+    max_seqs = max(node.max_num_seqs, 1)
+    return (
+        node,
+        node.id,
+        node.region,
+        slot,
+        1000.0 / rate if rate > 0 else 1000.0,
+        max_seqs,
+        max_seqs * CAPACITY_FACTOR,
+        node.kv_capacity_tokens,
+    )
+
+
 def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
     """The candidates' constants, cached per candidate tuple: the routing table keeps one tuple per
     model for the life of a snapshot, so the request path reads them instead of recomputing them
@@ -262,20 +278,7 @@ def _fleet(candidates: tuple[NodeSpec, ...]) -> _Fleet:
         if slot == len(region_nodes):
             region_nodes.append(0)
         region_nodes[slot] += 1
-        rate = node.prefill_tokens_per_s
-        max_seqs = max(node.max_num_seqs, 1)
-        nodes.append(
-            (
-                node,
-                node.id,
-                node.region,
-                slot,
-                1000.0 / rate if rate > 0 else 1000.0,
-                max_seqs,
-                max_seqs * CAPACITY_FACTOR,
-                node.kv_capacity_tokens,
-            )
-        )
+        nodes.append(_constants(node, slot))
     fleet = _Fleet(candidates, tuple(nodes), tuple(region_nodes), tuple(node.region for node in candidates))
     if len(_FLEETS) >= _FLEETS_KEPT:
         _FLEETS.clear()
@@ -314,19 +317,7 @@ def _lone(node: NodeSpec) -> _Fleet:
     entry = _LONE.get(id(node))
     if entry is not None and entry.candidates[0] is node:
         return entry
-    rate = node.prefill_tokens_per_s
-    max_seqs = max(node.max_num_seqs, 1)
-    constants = (
-        node,
-        node.id,
-        node.region,
-        0,
-        1000.0 / rate if rate > 0 else 1000.0,
-        max_seqs,
-        max_seqs * CAPACITY_FACTOR,
-        node.kv_capacity_tokens,
-    )
-    fleet = _Fleet((node,), (constants,), (1,), (node.region,))
+    fleet = _Fleet((node,), (_constants(node, 0),), (1,), (node.region,))
     if len(_LONE) >= _LONE_KEPT:
         _LONE.clear()
     _LONE[id(node)] = fleet

@@ -90,8 +90,7 @@ def shadow_decision(
     params = shadow.params
     # type() is, not isinstance(): a msgspec struct's isinstance is a generic call, compiled.
     if not priced and candidates is view.candidates and type(params) is GorgoParams:
-        pricing = view.params if type(view.params) is GorgoParams else _PRICING_PARAMS
-        decision, live_cost = gorgo.choose_and_price(view, request, params, live.node, pricing)
+        decision, live_cost = gorgo.choose_and_price(view, request, params, live.node, _pricing(view))
         if live_cost is None:  # the live choice is not among the view's candidates (never on the path)
             live_cost = price(view, request, live.node)
         return ShadowOutcome(shadow.id, decision.node, decision.cost, live_cost)
@@ -113,8 +112,15 @@ def shadow_decision(
 def price(view: RoutingView, request: RoutingRequest, node: NodeSpec) -> CostTerms:
     """The GORGO cost model's terms (rtt, queue, prefill) for ``node`` on ``view``: under the
     view's parameters when they are gorgo's, else under gorgo's defaults."""
-    params = view.params if isinstance(view.params, GorgoParams) else _PRICING_PARAMS
-    return gorgo.price(view, request, node, params)
+    return gorgo.price(view, request, node, _pricing(view))
+
+
+def _pricing(view: RoutingView) -> GorgoParams:
+    """The parameters a side that prices nothing is priced under: the view's when they are
+    gorgo's, else gorgo's defaults. (``type() is``: compiled, a msgspec struct's isinstance is a
+    generic call.)"""
+    params = view.params
+    return params if type(params) is GorgoParams else _PRICING_PARAMS
 
 
 def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: AlgorithmParams) -> RoutingView:

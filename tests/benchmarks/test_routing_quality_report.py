@@ -49,7 +49,14 @@ class Output:
     served: dict[int, Any] = field(default_factory=dict)
 
 
-def answered(index: int, region: str, node: str, ttft_ms: float, error: str | None = None) -> RequestResult:
+def answered(
+    index: int,
+    region: str,
+    node: str | None,
+    ttft_ms: float | None,
+    error: str | None = None,
+    status: int = 200,
+) -> RequestResult:
     return RequestResult(
         index=index,
         client_region=region,
@@ -58,7 +65,7 @@ def answered(index: int, region: str, node: str, ttft_ms: float, error: str | No
         target="http://gw",
         scheduled_s=index * 0.1,
         sent_s=index * 0.1,
-        status=200,
+        status=status,
         ttft_ms=ttft_ms,
         node=node,
         error=error,
@@ -66,17 +73,7 @@ def answered(index: int, region: str, node: str, ttft_ms: float, error: str | No
 
 
 def failed(index: int, region: str) -> RequestResult:
-    return RequestResult(
-        index=index,
-        client_region=region,
-        conversation_id=f"c{index}",
-        turn=0,
-        target="http://gw",
-        scheduled_s=index * 0.1,
-        sent_s=index * 0.1,
-        status=503,
-        error="No available workers",
-    )
+    return answered(index, region, None, None, "No available workers", status=503)
 
 
 def outage_run(*, fail_the_failover: bool) -> Any:
