@@ -160,6 +160,10 @@ class RunFigures:
     # Where the TTFT of the measured successful requests went, and their gap to the bound
     # (``attribute``); None when the fleet logged no service times
     attribution: dict[str, Any] | None = None
+    # where the run's wall clock went, seconds per phase (routing_quality.Phases); None: not timed
+    phases_s: dict[str, float] | None = None
+    # answers the harness stopped reading after their first token (every request had its own)
+    cut_after_first_token: int = 0
     # every measured request's TTFT (+inf: no first token), for the CDF; not in the JSON
     ttfts_ms: list[float] = field(default_factory=list, repr=False)
 
@@ -241,6 +245,7 @@ def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigu
         oracle_p99_ms=percentile(bounds, 99),
         gorgo_lb=output.peer_state,
         attribution=attribute(ok, output.served),
+        cut_after_first_token=sum(1 for r in everything if r.cut_after_first_token),
         ttfts_ms=ttfts,
     )
 
@@ -310,7 +315,11 @@ def _gateway_figures(records: list[RequestRecord]) -> dict[str, Any]:
     prompt = sum(r.prompt_tokens or 0 for r in records)
     return {
         "records": len(records),
-        "status_499": sum(1 for r in records if r.status == 499),
+        # Clients that hung up before their first byte (should be 0) ...
+        "status_499": sum(1 for r in records if r.status == 499 and r.ttft_ms is None),
+        # ... and after it: the harness stops reading answers once every request has its first
+        # token (RequestResult.cut_after_first_token), and the gateway logs those as 499s.
+        "status_499_after_first_byte": sum(1 for r in records if r.status == 499 and r.ttft_ms is not None),
         "routing_us_p50": percentile(routing_us, 50),
         "routing_us_p99": percentile(routing_us, 99),
         "index_predicted_hit_rate": predicted / estimated if estimated else None,
