@@ -1,12 +1,14 @@
 """Routing quality: how much TTFT each routing policy costs on an emulated geo-distributed fleet.
 
-    python benchmarks/routing_quality.py                      # the committed run, ~25 min
+    python benchmarks/routing_quality.py                      # the committed run (README: its time)
     python benchmarks/routing_quality.py --quick              # smoke run, ~1 min
     python benchmarks/routing_quality.py --workloads four-region --topology my.toml \
-        --client-share ap-south=0.4,us-east=0.3,eu-central=0.3 --seeds 1
+        --client-share ap-south=0.4,us-east=0.3,eu-central=0.3 --seeds 1 --out var/my-run
 
-Each scenario (a workload on a topology with a client mix, ``SCENARIOS``) runs every policy on a
-fresh fleet per (policy, seed), so no run inherits another's cache or index:
+Each scenario (a workload on a topology with a client mix, ``SCENARIOS``) runs every policy per
+seed, each run on the fleet as a new process starts it, so no run inherits another's cache or index
+(one fleet process per topology, reset between runs: ``Fleets``); without ``--out`` each workload's
+report goes to benchmarks/results/routing_quality/<workload>.{json,md,png} as soon as it is done:
 
 - the fleet: the scenario's topology file (``--topology`` replaces it), every node prefilling
   10,638 tokens/s (the GORGO paper's 0.094 ms/token) with a KV cache of 2,048 blocks (32k tokens,
@@ -36,7 +38,9 @@ fresh fleet per (policy, seed), so no run inherits another's cache or index:
   emulator's lag and the rest (gateway, hops, jitter), as is its gap to the bound
   (``routing_quality_report.attribute``).
 
-Results: benchmarks/results/routing_quality.{json,md,png} (``--out`` to write elsewhere).
+Each run's wall clock is split into phases (``Phases``: the fleet's reset, the routers' start,
+the arrivals, the wait for the last first token, teardown; ``phases_s`` in the JSON). A run stops
+reading answers once every request has its first token (nothing measured depends on the rest).
 """
 
 from __future__ import annotations
@@ -1044,6 +1048,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "decisions' cost terms, to ....records.jsonl)",
     )
     parser.add_argument(
+        "--fresh-fleet",
+        action="store_true",
+        help="a new fleet process for every run instead of one reset between runs (the harness "
+        "before fleet reuse: to check that reuse changes no figure)",
+    )
+    parser.add_argument(
         "--calibrate", action="store_true", help="measure the rates instead (least_load at --probe-rate)"
     )
     parser.add_argument("--probe-rate", type=float, default=10.0, help="arrival rate of a --calibrate run")
@@ -1277,7 +1287,7 @@ def run_scenario(campaign: Campaign, scenario: Scenario, topology: Topology) -> 
                     campaign.redis_url,
                     campaign.workdir,
                     campaign.router,
-                    campaign.emulated,
+                    None if args.fresh_fleet else campaign.emulated,
                 )
             except Exception as exc:  # a run that cannot start is reported; the others go on
                 campaign.failed = True
@@ -1337,7 +1347,10 @@ def describe_run(
         "front_door": args.front_door,
         "load_average": os.getloadavg(),
         # How each run's processes and traffic were handled (docs: benchmarks/README.md).
-        "harness": dict(HARNESS),
+        "harness": {
+            **HARNESS,
+            **({"fleet": "a new process per run (--fresh-fleet)"} if args.fresh_fleet else {}),
+        },
     }
 
 

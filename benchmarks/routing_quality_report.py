@@ -691,8 +691,52 @@ def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], ch
             lines.append("|" + "---:|" * len(regions))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _run_time_lines(runs)
     lines += [f"![TTFT CDFs per policy]({chart_name})", "", NOTES.strip(), ""]
     return "\n".join(lines)
+
+
+# The phases of a run's wall clock (routing_quality.Phases, drive_phases), in the order they run.
+PHASES = (
+    ("plan", "plan"),
+    ("fleet_reset", "fleet reset"),
+    ("routers_start", "routers start"),
+    ("arrivals", "arrivals"),
+    ("to_last_first_token", "to last first token"),
+    ("answer_tail", "answer tail"),
+    ("after_answers", "scrapes, oracle"),
+    ("records", "records"),
+    ("teardown", "teardown"),
+)
+
+
+def _run_time_lines(runs: Runs) -> list[str]:
+    """Where the wall clock went: seconds per run (mean over the seeds) per policy and phase."""
+    lines: list[str] = []
+    for scenario, policies in runs.items():
+        timed = {p: [f.phases_s for f in runs_ if f.phases_s] for p, runs_ in policies.items()}
+        timed = {p: phases for p, phases in timed.items() if phases}
+        if not timed:
+            continue
+        lines += [
+            f"## Run time: {scenario}",
+            "",
+            "Seconds per run, mean over the seeds (`total`: their sum; arrivals: the plan's last "
+            "send; answer tail: after the last first token, 0 once the harness stops reading there).",
+            "",
+            "| policy | runs | total | " + " | ".join(label for _, label in PHASES) + " |",
+            "|---|---:|---:|" + "---:|" * len(PHASES),
+        ]
+        total_s = 0.0
+        for policy in sorted(timed, key=_policy_key):
+            phases = timed[policy]
+            means = [sum(ph.get(key, 0.0) for ph in phases) / len(phases) for key, _ in PHASES]
+            run_s = sum(means)
+            total_s += run_s * len(phases)
+            cells = " | ".join(f"{value:.1f}" for value in means)
+            lines.append(f"| {policy} | {len(phases)} | {run_s:.1f} | {cells} |")
+        lines += ["", f"All runs: {total_s:.0f} s.", ""]
+    return lines
 
 
 def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[str]) -> list[str]:
