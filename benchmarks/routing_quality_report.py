@@ -721,8 +721,9 @@ def _run_time_lines(runs: Runs) -> list[str]:
         lines += [
             f"## Run time: {scenario}",
             "",
-            "Seconds per run, mean over the seeds (`total`: their sum; arrivals: the plan's last "
-            "send; answer tail: after the last first token, 0 once the harness stops reading there).",
+            "Seconds per run, mean over the seeds (`total`: their sum; fleet reset: its start on a "
+            "topology's first run; arrivals: the plan's last send; answer tail: after the last first "
+            "token, 0 once the harness stops reading there).",
             "",
             "| policy | runs | total | " + " | ".join(label for _, label in PHASES) + " |",
             "|---|---:|---:|" + "---:|" * len(PHASES),
