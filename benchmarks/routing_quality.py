@@ -1038,7 +1038,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out",
         default=None,
-        help="output path without extension (default: benchmarks/results/routing_quality; var/routing_quality_quick with --quick)",
+        help="one report of everything at this path, without extension (default: one per workload, "
+        "--out-dir; var/routing_quality_quick with --quick)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        default=None,
+        help="one report per workload in this directory, each written when its workload is done "
+        "(the default without --out: benchmarks/results/routing_quality)",
     )
     parser.add_argument(
         "--raw",
@@ -1151,11 +1158,14 @@ def main(argv: list[str] | None = None) -> int:
     if not gorgo_lb_peer.installed() and any(p in GORGO_LB for p in policies):
         policies = [p for p in policies if p not in GORGO_LB]
         notes.append("gorgo-lb skipped: not installed (`pip install -e '.[peers]'`)")
-    # The committed run (no --out, not --quick): one report per workload in RESULTS_DIR, each
-    # written as soon as its workload is done. --out PATH: one report of everything at PATH.
-    per_workload = not args.out and not args.quick
+    # The committed run (no --out, not --quick): one report per workload in RESULTS_DIR (or
+    # --out-dir), each written as soon as its workload is done. --out PATH: one report at PATH.
+    if args.out and args.out_dir:
+        raise SystemExit("error: --out and --out-dir exclude each other")
+    per_workload = bool(args.out_dir) or (not args.out and not args.quick)
+    out_dir = Path(args.out_dir) if args.out_dir else RESULTS_DIR
     out = Path(args.out) if args.out else ROOT / "var" / "routing_quality_quick"
-    (RESULTS_DIR if per_workload else out.parent).mkdir(parents=True, exist_ok=True)
+    (out_dir if per_workload else out.parent).mkdir(parents=True, exist_ok=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-rq-"))
     campaign = Campaign(
@@ -1180,7 +1190,7 @@ def main(argv: list[str] | None = None) -> int:
             if per_workload:
                 names = (scenario.name, scenario.name + WAN_SUFFIX)
                 written += write_report(
-                    RESULTS_DIR / scenario.name,
+                    out_dir / scenario.name,
                     describe_run(
                         campaign,
                         argv,

@@ -130,3 +130,34 @@ def test_it_refuses_a_bad_fleet_description_before_starting_anything(
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_it_writes_one_report_per_workload_as_the_committed_run_does(tmp_path: Path, redis_url: str) -> None:
+    """Without --out (the committed run) or with --out-dir: DIR/<workload>.{json,md}, each of its own."""
+    result = subprocess.run(
+        [
+            *(
+                sys.executable,
+                "benchmarks/routing_quality.py",
+                "--quick",
+                "--workloads",
+                "geo-chat,mixed-length",
+            ),
+            *("--policies", "gorgo", "--requests", "20", "--out-dir", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for workload in ("geo-chat", "mixed-length"):
+        document = json.loads((tmp_path / f"{workload}.json").read_text())
+        assert set(document["workloads"]) == {workload}
+        assert set(document["meta"]["rates_rps"]) == {workload}
+        assert document["meta"]["duration_s"] > 0
+        (figures,) = document["workloads"][workload]["policies"]["gorgo"]
+        assert figures["requests"] == 20 and figures["errors"] == 0
+        assert f"## Run time: {workload}" in (tmp_path / f"{workload}.md").read_text()
+    assert not (tmp_path / "four-region.json").exists()
