@@ -1,12 +1,14 @@
 """Routing quality: how much TTFT each routing policy costs on an emulated geo-distributed fleet.
 
-    python benchmarks/routing_quality.py                      # the committed run, ~25 min
+    python benchmarks/routing_quality.py                      # the committed run (README: its time)
     python benchmarks/routing_quality.py --quick              # smoke run, ~1 min
     python benchmarks/routing_quality.py --workloads four-region --topology my.toml \
-        --client-share ap-south=0.4,us-east=0.3,eu-central=0.3 --seeds 1
+        --client-share ap-south=0.4,us-east=0.3,eu-central=0.3 --seeds 1 --out var/my-run
 
-Each scenario (a workload on a topology with a client mix, ``SCENARIOS``) runs every policy on a
-fresh fleet per (policy, seed), so no run inherits another's cache or index:
+Each scenario (a workload on a topology with a client mix, ``SCENARIOS``) runs every policy per
+seed, each run on the fleet as a new process starts it, so no run inherits another's cache or index
+(one fleet process per topology, reset between runs: ``Fleets``); without ``--out`` each workload's
+report goes to benchmarks/results/routing_quality/<workload>.{json,md,png} as soon as it is done:
 
 - the fleet: the scenario's topology file (``--topology`` replaces it), every node prefilling
   10,638 tokens/s (the GORGO paper's 0.094 ms/token) with a KV cache of 2,048 blocks (32k tokens,
@@ -36,7 +38,9 @@ fresh fleet per (policy, seed), so no run inherits another's cache or index:
   emulator's lag and the rest (gateway, hops, jitter), as is its gap to the bound
   (``routing_quality_report.attribute``).
 
-Results: benchmarks/results/routing_quality.{json,md,png} (``--out`` to write elsewhere).
+Each run's wall clock is split into phases (``Phases``: the fleet's reset, the routers' start,
+the arrivals, the wait for the last first token, teardown; ``phases_s`` in the JSON). A run stops
+reading answers once every request has its first token (nothing measured depends on the rest).
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write
-from simulator.harness import free_port, stop_process_group, wait_until
+from simulator.harness import free_port, stop_process_group, stop_process_groups, wait_until
 from simulator.server import oracle_key_of
 from simulator.snapshots import make_node, make_snapshot
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
@@ -115,6 +119,8 @@ from simulator.traffic.workloads import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+# The committed run's reports, one per workload (``python benchmarks/routing_quality.py``).
+RESULTS_DIR = RESULTS / "routing_quality"
 FOUR_REGION_TOPOLOGY_PATH = ROOT / "simulator" / "topologies" / "four-region-short.toml"
 
 # Policies run by the gateways: report name -> (algorithm, parameters other than the defaults).
@@ -181,6 +187,13 @@ WARMUP_SHARE = 0.1
 QUICK_REQUESTS_PER_RUN = 150
 SEEDS = (1, 2, 3)
 DRAIN_S = 60.0
+# How every run handles its processes and traffic (the JSON's meta.harness): one emulated fleet
+# per topology, reset between runs instead of restarted; answers no longer read once every request
+# has its first token; routers started together and stopped together.
+HARNESS = {
+    "fleet": "one process per topology, POST /reset before each run (Fleet.reset)",
+    "answers_read": "until every request has its first token (cut_after_first_token)",
+}
 # How long after a node dies (or returns) the routers act on it: telemetry's health check marks
 # it in the live state; geo-DNS repoints the region's clients. Both generous to every policy.
 DETECTION_S = 1.0
@@ -281,13 +294,13 @@ class FleetProc:
     control_url: str  # the fault API (and GET /oracle)
 
 
-def start_fleet(workdir: Path, topology_path: Path) -> FleetProc:
+def start_fleet(workdir: Path, topology_path: Path, name: str = "fleet") -> FleetProc:
     control_port = free_port()
     argv = [sys.executable, "-m", "simulator", "--topology", str(topology_path), "--auto-ports"]
     argv += ["--region-ports", "--json", "--oracle", "--control-port", str(control_port)]
     for name, value in ENGINE_OVERRIDES.items():
         argv += ["--engine", f"{name}={value}"]
-    proc = spawn("fleet", argv, workdir)
+    proc = spawn(name, argv, workdir)
 
     def described() -> dict[str, Any] | None:
         text = proc.log()
@@ -296,6 +309,40 @@ def start_fleet(workdir: Path, topology_path: Path) -> FleetProc:
         return json.loads(next(line for line in text.splitlines() if line.startswith("{")))
 
     return FleetProc(proc, wait_ready(proc, described)["nodes"], f"http://127.0.0.1:{control_port}")
+
+
+@dataclass
+class Fleets:
+    """The emulated fleet of a benchmark, one process kept across runs: before each run it is reset
+    (``POST /reset``: every node restarted with an empty KV cache, nothing in flight, zeroed
+    counters, its jitter from the seed again, the oracle's log emptied; tests/simulator/
+    test_control_api.py) instead of started anew, which took ~1 s of start and ~0.5 s of stop per
+    run. One topology at a time: another topology's run stops it and starts its own."""
+
+    workdir: Path
+    current: tuple[Path, FleetProc] | None = None
+
+    def ready(self, topology_path: Path) -> FleetProc:
+        """The fleet of ``topology_path``, as a new process would start it."""
+        if self.current is not None:
+            path, fleet = self.current
+            if path == topology_path and fleet.proc.popen.poll() is None:
+                try:
+                    reset = httpx.post(f"{fleet.control_url}/reset", timeout=30.0)
+                    reset.raise_for_status()
+                    if all(node["up"] for node in reset.json()["nodes"]):
+                        return fleet
+                except httpx.HTTPError:
+                    pass  # start a new one below
+            self.stop()
+        fleet = start_fleet(self.workdir, topology_path, name=f"fleet-{topology_path.stem}")
+        self.current = (topology_path, fleet)
+        return fleet
+
+    def stop(self) -> None:
+        if self.current is not None:
+            self.current[1].proc.stop()
+            self.current = None
 
 
 def start_gateways(
@@ -350,10 +397,10 @@ def start_peers(
         argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         # Each instance also serves Prometheus metrics, on a fixed default port unless told.
         argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-        proc = spawn(f"vllm-router-{region}", argv, workdir)
-        procs.append(proc)
+        procs.append(spawn(f"vllm-router-{region}", argv, workdir))
         urls[region] = f"http://127.0.0.1:{port}"
-        wait_ready(proc, lambda port=port: answers(f"http://127.0.0.1:{port}/health"))
+    for proc, url in zip(procs, urls.values(), strict=True):  # started together, waited for after
+        wait_ready(proc, lambda url=url: answers(f"{url}/health"))
     return procs, urls
 
 
@@ -519,6 +566,7 @@ class RunOutput:
     oracle_ms: dict[int, float] = field(default_factory=dict)  # request index -> lower bound
     peer_state: dict[str, Any] | None = None  # gorgo-lb: each adapter's final weights and tuner
     served: dict[int, Served] = field(default_factory=dict)  # request index -> its time at the node
+    phases_s: dict[str, float] = field(default_factory=dict)  # where the run's wall clock went
 
 
 COUNTERS = {
@@ -594,8 +642,16 @@ async def drive(
 
         warm = asyncio.create_task(at_warm_end())
         faults = asyncio.create_task(apply_outages(plan, outages, http)) if outages and plan.outages else None
+        # Stop reading answers once every request has its first token: no figure depends on the
+        # rest (mixed-length's 256-1,024-token answers ran ~7 s past the last first token).
         results = await run_plan(
-            plan, targets, stream=True, request_timeout_s=120.0, drain_timeout_s=DRAIN_S, api_key=api_key
+            plan,
+            targets,
+            stream=True,
+            request_timeout_s=120.0,
+            drain_timeout_s=DRAIN_S,
+            api_key=api_key,
+            until_first_tokens=True,
         )
         before = await warm
         if faults is not None:
@@ -671,11 +727,68 @@ def nearest_region(topology: Topology, region: str) -> str:
     return min(others, key=lambda other: topology.rtt_ms(region, other))
 
 
+class Phases:
+    """Where a run's wall clock goes: seconds per named phase (``lap``: since the previous lap)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last_s = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now_s = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now_s - self._last_s
+        self._last_s = now_s
+
+
+def drive_phases(plan: WorkloadPlan, results: list[RequestResult], drive_s: float) -> dict[str, float]:
+    """Split the time ``drive`` took: the arrivals (the plan's last send), then until the last first
+    token, then until the last answer ended, then the scrapes and the oracle log after it."""
+    last_arrival_s = plan.arrivals[-1].at_s if plan.arrivals else 0.0
+    first_tokens = [r.sent_s + r.ttft_ms / 1000.0 for r in results if r.sent_s is not None and r.ttft_ms]
+    ends = [r.sent_s + r.total_ms / 1000.0 for r in results if r.sent_s is not None and r.total_ms]
+    last_first_s = max([last_arrival_s, *first_tokens])
+    last_end_s = max([last_first_s, *ends])
+    return {
+        "arrivals": last_arrival_s,
+        "to_last_first_token": last_first_s - last_arrival_s,
+        "answer_tail": last_end_s - last_first_s,
+        "after_answers": max(0.0, drive_s - last_end_s),
+    }
+
+
 def run_once(
-    spec: RunSpec, topology: Topology, redis_url: str, workdir: Path, router: str | None
+    spec: RunSpec,
+    topology: Topology,
+    redis_url: str,
+    workdir: Path,
+    router: str | None,
+    fleets: Fleets | None = None,
 ) -> RunOutput:
-    regions = [region.slug for region in topology.regions]
+    """One (scenario, policy, seed) run: on ``fleets``' fleet, reset, or on a fleet of its own."""
+    phases = Phases()
+    own = fleets is None
+    fleets = fleets or Fleets(workdir)
+    try:
+        output = _run_once(spec, topology, redis_url, workdir, router, fleets, phases)
+    finally:
+        if own:
+            fleets.stop()
+    output.phases_s = phases.seconds
+    return output
+
+
+# The last plan built: every policy of a (scenario, seed) sends the same one, and mixed-length's
+# (352 prompts of up to 8k tokens) took 0.6-2 s to build.
+_last_plan: list[tuple[tuple[Any, ...], WorkloadPlan]] = []
+
+
+def plan_for(spec: RunSpec, regions: list[str]) -> WorkloadPlan:
     warmup = round(spec.requests * WARMUP_SHARE)
+    shares = spec.scenario.client_shares
+    key = (spec.scenario.workload, tuple(regions), spec.rate_rps, spec.requests, spec.seed)
+    key += (tuple(sorted(shares.items())) if shares else None,)
+    if _last_plan and _last_plan[0][0] == key:
+        return _last_plan[0][1]
     plan = build_plan(
         spec.scenario.workload,
         regions,
@@ -685,10 +798,39 @@ def run_once(
         max_requests=spec.requests + warmup,
         seed=spec.seed,
         max_tokens=MAX_TOKENS,
-        client_shares=spec.scenario.client_shares,
+        client_shares=shares,
     )
-    fleet = start_fleet(workdir, spec.scenario.topology_path)
-    procs: list[Proc] = [fleet.proc]
+    _last_plan[:] = [(key, plan)]
+    return plan
+
+
+def read_records(
+    client: redis.Redis, keys: RedisKeys, expected: int, timeout_s: float = 2.0
+) -> list[RequestRecord]:
+    """The gateways' request records, once ``expected`` are in (they flush every 50 ms) or after
+    ``timeout_s`` (a request refused before any gateway saw it has none)."""
+    deadline_s = time.monotonic() + timeout_s
+    while client.xlen(keys.request_stream) < expected and time.monotonic() < deadline_s:
+        time.sleep(0.02)
+    return [decode(fields[b"r"], RequestRecord) for _, fields in client.xrange(keys.request_stream)]
+
+
+def _run_once(
+    spec: RunSpec,
+    topology: Topology,
+    redis_url: str,
+    workdir: Path,
+    router: str | None,
+    fleets: Fleets,
+    phases: Phases,
+) -> RunOutput:
+    regions = [region.slug for region in topology.regions]
+    warmup = round(spec.requests * WARMUP_SHARE)
+    plan = plan_for(spec, regions)
+    phases.lap("plan")
+    fleet = fleets.ready(spec.scenario.topology_path)
+    phases.lap("fleet_reset")
+    procs: list[Proc] = []
     client = redis.Redis.from_url(redis_url)
     prefix = f"gorgobench-rq-{uuid.uuid4().hex[:12]}"
     keys = RedisKeys(prefix=prefix)
@@ -762,15 +904,17 @@ def run_once(
             on_detected,
         )
         node_urls = {node["name"]: node["url"] for node in fleet.nodes}
+        phases.lap("routers_start")
+        drive_started_s = time.perf_counter()
         results, counters, oracle = asyncio.run(drive(plan, targets, node_urls, warmup, outages, api_key))
+        phases.seconds.update(drive_phases(plan, results, time.perf_counter() - drive_started_s))
+        phases.lap("drive")
         window_s = plan.arrivals[-1].at_s - plan.arrivals[min(warmup, len(plan.arrivals) - 1)].at_s
         records: list[RequestRecord] = []
         if spec.policy in GORGO_POLICIES:
-            time.sleep(0.3)  # the gateways flush their request logs every 50 ms
-            records = [
-                decode(fields[b"r"], RequestRecord) for _, fields in client.xrange(keys.request_stream)
-            ]
+            records = read_records(client, keys, sum(1 for r in results if r.status))
         regions_of = {n["name"]: n["region"] for n in fleet.nodes}
+        phases.lap("records")
         return RunOutput(
             results,
             warmup,
@@ -783,12 +927,12 @@ def run_once(
             served_by_index(plan, oracle, topology),
         )
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_process_groups([proc.popen for proc in procs])
         if wan is not None:
             wan.stop()
         delete_namespace(client, prefix)
         client.close()
+        phases.lap("teardown")
 
 
 # ---- calibration -----------------------------------------------------------------------------
@@ -894,7 +1038,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out",
         default=None,
-        help="output path without extension (default: benchmarks/results/routing_quality; var/routing_quality_quick with --quick)",
+        help="one report of everything at this path, without extension (default: one per workload, "
+        "--out-dir; var/routing_quality_quick with --quick)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        default=None,
+        help="one report per workload in this directory, each written when its workload is done "
+        "(the default without --out: benchmarks/results/routing_quality)",
     )
     parser.add_argument(
         "--raw",
@@ -902,6 +1053,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also write every request's result to DIR/<workload>-<policy>-<seed>.jsonl (its time at "
         "its node beside its bound's to ....served.json, and the gateways' request records, their "
         "decisions' cost terms, to ....records.jsonl)",
+    )
+    parser.add_argument(
+        "--fresh-fleet",
+        action="store_true",
+        help="a new fleet process for every run instead of one reset between runs (the harness "
+        "before fleet reuse: to check that reuse changes no figure)",
     )
     parser.add_argument(
         "--calibrate", action="store_true", help="measure the rates instead (least_load at --probe-rate)"
@@ -1001,104 +1158,190 @@ def main(argv: list[str] | None = None) -> int:
     if not gorgo_lb_peer.installed() and any(p in GORGO_LB for p in policies):
         policies = [p for p in policies if p not in GORGO_LB]
         notes.append("gorgo-lb skipped: not installed (`pip install -e '.[peers]'`)")
-    out = (
-        Path(args.out)
-        if args.out
-        else (ROOT / "var" / "routing_quality_quick" if args.quick else RESULTS / "routing_quality")
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
+    # The committed run (no --out, not --quick): one report per workload in RESULTS_DIR (or
+    # --out-dir), each written as soon as its workload is done. --out PATH: one report at PATH.
+    if args.out and args.out_dir:
+        raise SystemExit("error: --out and --out-dir exclude each other")
+    per_workload = bool(args.out_dir) or (not args.out and not args.quick)
+    out_dir = Path(args.out_dir) if args.out_dir else RESULTS_DIR
+    out = Path(args.out) if args.out else ROOT / "var" / "routing_quality_quick"
+    (out_dir if per_workload else out.parent).mkdir(parents=True, exist_ok=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-rq-"))
+    campaign = Campaign(
+        args,
+        seeds,
+        policies,
+        shared_states,
+        requests,
+        param_overrides,
+        redis_url,
+        workdir,
+        router,
+        Fleets(workdir),
+        notes,
+    )
     started_s = time.perf_counter()
-    runs: dict[str, dict[str, list[RunFigures]]] = {}
-    fleets: dict[str, dict[str, Any]] = {}
-    shared_state_rtts: dict[str, dict[str, float]] = {}  # scenario -> region -> RTT to Redis
-    failed = False
-    for scenario, topology in scenarios:
-        rate = args.rate or scenario_rate(scenario, topology)
-        fleets[scenario.name] = describe_fleet(scenario, topology, rate)
-        if "wan" in shared_states:
-            home = home_region(topology, scenario.client_shares)
-            shared_state_rtts[scenario.name] = state_rtts_ms(topology, home)
-            fleets[scenario.name + WAN_SUFFIX] = {
-                **fleets[scenario.name],
-                "redis_region": home,
-                "shared_state_rtt_ms": shared_state_rtts[scenario.name],
-            }
-        for seed in seeds:
-            # Rounds taken in turns (loopback, then WAN, per policy) so machine noise hits both.
-            for policy, shared_state in (
-                (policy, state)
-                for policy in policies
-                for state in shared_states
-                if state == "loopback" or policy not in PEERS  # routers do not use Redis
+    written: list[Path] = []
+    try:
+        for scenario, topology in scenarios:
+            scenario_started_s = time.perf_counter()
+            run_scenario(campaign, scenario, topology)
+            if per_workload:
+                names = (scenario.name, scenario.name + WAN_SUFFIX)
+                written += write_report(
+                    out_dir / scenario.name,
+                    describe_run(
+                        campaign,
+                        argv,
+                        time.perf_counter() - scenario_started_s,
+                        {n: f for n, f in campaign.fleets.items() if n in names},
+                    ),
+                    {n: r for n, r in campaign.runs.items() if n in names},
+                    {n: r for n, r in campaign.shared_state_rtts.items() if n == scenario.name},
+                    campaign,
+                )
+    finally:
+        campaign.emulated.stop()
+    duration_s = time.perf_counter() - started_s
+    if not per_workload:
+        written += write_report(
+            out,
+            describe_run(campaign, argv, duration_s, campaign.fleets),
+            campaign.runs,
+            campaign.shared_state_rtts,
+            campaign,
+        )
+    print(f"wrote {', '.join(str(p) for p in written)} in {duration_s:.0f}s", flush=True)
+    if campaign.failed:
+        print(f"process logs kept in {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if campaign.failed else 0
+
+
+@dataclass
+class Campaign:
+    """What the runs of one invocation share, and what they produce."""
+
+    args: argparse.Namespace
+    seeds: list[int]
+    policies: list[str]
+    shared_states: list[str]
+    requests: int
+    param_overrides: dict[str, float]
+    redis_url: str
+    workdir: Path
+    router: str | None
+    emulated: Fleets
+    notes: list[str]
+    runs: dict[str, dict[str, list[RunFigures]]] = field(default_factory=dict)
+    fleets: dict[str, dict[str, Any]] = field(default_factory=dict)  # scenario -> its fleet's description
+    shared_state_rtts: dict[str, dict[str, float]] = field(default_factory=dict)  # scenario -> region -> ms
+    failed: bool = False
+
+
+def run_scenario(campaign: Campaign, scenario: Scenario, topology: Topology) -> None:
+    """Every (seed, policy) run of one scenario, into ``campaign.runs``."""
+    args, seeds, requests, runs, fleets = (
+        campaign.args,
+        campaign.seeds,
+        campaign.requests,
+        campaign.runs,
+        campaign.fleets,
+    )
+    rate = args.rate or scenario_rate(scenario, topology)
+    fleets[scenario.name] = describe_fleet(scenario, topology, rate)
+    if "wan" in campaign.shared_states:
+        home = home_region(topology, scenario.client_shares)
+        campaign.shared_state_rtts[scenario.name] = state_rtts_ms(topology, home)
+        fleets[scenario.name + WAN_SUFFIX] = {
+            **fleets[scenario.name],
+            "redis_region": home,
+            "shared_state_rtt_ms": campaign.shared_state_rtts[scenario.name],
+        }
+    for seed in seeds:
+        # Rounds taken in turns (loopback, then WAN, per policy) so machine noise hits both.
+        for policy, shared_state in (
+            (policy, state)
+            for policy in campaign.policies
+            for state in campaign.shared_states
+            if state == "loopback" or policy not in PEERS  # routers do not use Redis
+        ):
+            if (
+                policy in OVERFLOW_ONLY_POLICIES
+                and scenario.name not in OVERFLOW_SCENARIOS
+                and not args.policies
             ):
-                if (
-                    policy in OVERFLOW_ONLY_POLICIES
-                    and scenario.name not in OVERFLOW_SCENARIOS
-                    and not args.policies
-                ):
-                    continue
-                name = scenario.name + (WAN_SUFFIX if shared_state == "wan" else "")
-                print(
-                    f"{name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
-                    end=" ",
-                    flush=True,
+                continue
+            name = scenario.name + (WAN_SUFFIX if shared_state == "wan" else "")
+            print(
+                f"{name:>13} seed {seed} {policy:<22} {requests} requests at {rate:g}/s ...",
+                end=" ",
+                flush=True,
+            )
+            run_started_s = time.perf_counter()
+            try:
+                output = run_once(
+                    RunSpec(
+                        scenario,
+                        policy,
+                        rate,
+                        requests,
+                        seed,
+                        campaign.param_overrides,
+                        shared_state=shared_state,
+                        front_door=args.front_door,
+                    ),
+                    topology,
+                    campaign.redis_url,
+                    campaign.workdir,
+                    campaign.router,
+                    None if args.fresh_fleet else campaign.emulated,
                 )
-                run_started_s = time.perf_counter()
-                try:
-                    output = run_once(
-                        RunSpec(
-                            scenario,
-                            policy,
-                            rate,
-                            requests,
-                            seed,
-                            param_overrides,
-                            shared_state=shared_state,
-                            front_door=args.front_door,
-                        ),
-                        topology,
-                        redis_url,
-                        workdir,
-                        router,
-                    )
-                except Exception as exc:  # a run that cannot start is reported; the others go on
-                    failed = True
-                    print(f"FAILED: {exc}", flush=True)
-                    notes.append(f"{name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
-                    continue
-                figures = summarize_run(output, PREFILL_TOKENS_PER_S)
-                runs.setdefault(name, {}).setdefault(policy, []).append(figures)
-                if args.raw:
-                    raw_dir = Path(args.raw)
-                    raw_dir.mkdir(parents=True, exist_ok=True)
-                    with (raw_dir / f"{name}-{policy}-{seed}.jsonl").open("wb") as raw:
-                        raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
-                    # ... and each request's time at its node beside its bound's (``Served``), by index
-                    (raw_dir / f"{name}-{policy}-{seed}.served.json").write_text(
-                        json.dumps(
-                            {str(index): dataclasses.asdict(at) for index, at in output.served.items()}
-                        )
-                    )
-                    if output.records:  # the gateways' decisions, cost terms and all
-                        with (raw_dir / f"{name}-{policy}-{seed}.records.jsonl").open("wb") as raw:
-                            raw.writelines(msgspec.json.encode(record) + b"\n" for record in output.records)
-                print(
-                    f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
-                    f" (oracle p50 {figures.oracle_p50_ms or 0:.0f}), hit {figures.prefix_hit_rate:.0%},"
-                    f" cross {figures.cross_region_share:.0%}, errors {figures.errors},"
-                    f" util {figures.prefill_utilization:.0%}, send lag p99 {figures.send_lag_p99_ms:.0f} ms"
-                    f" ({time.perf_counter() - run_started_s:.0f}s)",
-                    flush=True,
+            except Exception as exc:  # a run that cannot start is reported; the others go on
+                campaign.failed = True
+                print(f"FAILED: {exc}", flush=True)
+                campaign.notes.append(f"{name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
+                continue
+            figures = summarize_run(output, PREFILL_TOKENS_PER_S)
+            figures.phases_s = output.phases_s
+            runs.setdefault(name, {}).setdefault(policy, []).append(figures)
+            if args.raw:
+                raw_dir = Path(args.raw)
+                raw_dir.mkdir(parents=True, exist_ok=True)
+                with (raw_dir / f"{name}-{policy}-{seed}.jsonl").open("wb") as raw:
+                    raw.writelines(msgspec.json.encode(result) + b"\n" for result in output.results)
+                # ... and each request's time at its node beside its bound's (``Served``), by index
+                (raw_dir / f"{name}-{policy}-{seed}.served.json").write_text(
+                    json.dumps({str(index): dataclasses.asdict(at) for index, at in output.served.items()})
                 )
-    meta = {
+                if output.records:  # the gateways' decisions, cost terms and all
+                    with (raw_dir / f"{name}-{policy}-{seed}.records.jsonl").open("wb") as raw:
+                        raw.writelines(msgspec.json.encode(record) + b"\n" for record in output.records)
+            print(
+                f"p50 {figures.ttft_p50_ms:.0f} p99 {figures.ttft_p99_ms:.0f} ms"
+                f" (oracle p50 {figures.oracle_p50_ms or 0:.0f}), hit {figures.prefix_hit_rate:.0%},"
+                f" cross {figures.cross_region_share:.0%}, errors {figures.errors},"
+                f" util {figures.prefill_utilization:.0%}, send lag p99 {figures.send_lag_p99_ms:.0f} ms"
+                f" ({time.perf_counter() - run_started_s:.0f}s:"
+                f" {', '.join(f'{k} {v:.1f}' for k, v in output.phases_s.items())})",
+                flush=True,
+            )
+
+
+def describe_run(
+    campaign: Campaign, argv: list[str] | None, duration_s: float, fleets: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The report's ``meta`` (``fleets``: the scenarios it covers)."""
+    args, router = campaign.args, campaign.router
+    return {
         "command": "python benchmarks/routing_quality.py" + (" " + " ".join(argv or sys.argv[1:])).rstrip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs",
-        "duration_s": round(time.perf_counter() - started_s, 1),
-        "requests_per_run": requests,
-        "seeds": seeds,
+        "duration_s": round(duration_s, 1),
+        "requests_per_run": campaign.requests,
+        "seeds": campaign.seeds,
         "max_tokens": MAX_TOKENS,
         "rates_rps": {name: fleet["rate_rps"] for name, fleet in fleets.items()},
         "fleets": fleets,
@@ -1109,15 +1352,31 @@ def main(argv: list[str] | None = None) -> int:
         "rtt_source": "RTTTable published to live_rtt from the topology (RTT + mean jitter)",
         "peer": {"name": PEER, "policy": "cache_aware", "path": router} if router else None,
         "gorgo_lb": gorgo_lb_peer.describe() if gorgo_lb_peer.installed() else None,
-        "notes": notes,
+        "notes": list(campaign.notes),
         "quick": args.quick,
         "front_door": args.front_door,
         "load_average": os.getloadavg(),
+        # How each run's processes and traffic were handled (docs: benchmarks/README.md).
+        "harness": {
+            **HARNESS,
+            **({"fleet": "a new process per run (--fresh-fleet)"} if args.fresh_fleet else {}),
+        },
     }
+
+
+def write_report(
+    out: Path,
+    meta: dict[str, Any],
+    runs: dict[str, dict[str, list[RunFigures]]],
+    shared_state_rtts: dict[str, dict[str, float]],
+    campaign: Campaign,
+) -> list[Path]:
+    """``out``.json, .md and .png (``routing_quality_report.write_outputs``), with the shared-state
+    summary when Redis ran over the WAN."""
     if shared_state_rtts:
         summary = wan_summary(runs, shared_state_rtts)
         meta["shared_state"] = {
-            "modes": shared_states,
+            "modes": campaign.shared_states,
             "shared_state_rtt_ms": shared_state_rtts,  # scenario -> region -> RTT to Redis
             "summary": summary,
         }
@@ -1125,14 +1384,9 @@ def main(argv: list[str] | None = None) -> int:
     if shared_state_rtts:
         md_path = out.with_suffix(".md")
         md_path.write_text(
-            md_path.read_text() + "\n" + "\n".join(summary_markdown(summary, args.front_door)) + "\n"
+            md_path.read_text() + "\n" + "\n".join(summary_markdown(summary, campaign.args.front_door)) + "\n"
         )
-    print(f"wrote {', '.join(str(p) for p in paths)} in {meta['duration_s']:.0f}s", flush=True)
-    if failed:
-        print(f"process logs kept in {workdir}", flush=True)
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 1 if failed else 0
+    return paths
 
 
 if __name__ == "__main__":

@@ -160,6 +160,10 @@ class RunFigures:
     # Where the TTFT of the measured successful requests went, and their gap to the bound
     # (``attribute``); None when the fleet logged no service times
     attribution: dict[str, Any] | None = None
+    # where the run's wall clock went, seconds per phase (routing_quality.Phases); None: not timed
+    phases_s: dict[str, float] | None = None
+    # answers the harness stopped reading after their first token (every request had its own)
+    cut_after_first_token: int = 0
     # every measured request's TTFT (+inf: no first token), for the CDF; not in the JSON
     ttfts_ms: list[float] = field(default_factory=list, repr=False)
 
@@ -241,6 +245,7 @@ def summarize_run(output: RunOutputLike, prefill_tokens_per_s: float) -> RunFigu
         oracle_p99_ms=percentile(bounds, 99),
         gorgo_lb=output.peer_state,
         attribution=attribute(ok, output.served),
+        cut_after_first_token=sum(1 for r in everything if r.cut_after_first_token),
         ttfts_ms=ttfts,
     )
 
@@ -310,7 +315,11 @@ def _gateway_figures(records: list[RequestRecord]) -> dict[str, Any]:
     prompt = sum(r.prompt_tokens or 0 for r in records)
     return {
         "records": len(records),
-        "status_499": sum(1 for r in records if r.status == 499),
+        # Clients that hung up before their first byte (should be 0) ...
+        "status_499": sum(1 for r in records if r.status == 499 and r.ttft_ms is None),
+        # ... and after it: the harness stops reading answers once every request has its first
+        # token (RequestResult.cut_after_first_token), and the gateway logs those as 499s.
+        "status_499_after_first_byte": sum(1 for r in records if r.status == 499 and r.ttft_ms is not None),
         "routing_us_p50": percentile(routing_us, 50),
         "routing_us_p99": percentile(routing_us, 99),
         "index_predicted_hit_rate": predicted / estimated if estimated else None,
@@ -682,8 +691,53 @@ def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], ch
             lines.append("|" + "---:|" * len(regions))
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    lines += _run_time_lines(runs)
     lines += [f"![TTFT CDFs per policy]({chart_name})", "", NOTES.strip(), ""]
     return "\n".join(lines)
+
+
+# The phases of a run's wall clock (routing_quality.Phases, drive_phases), in the order they run.
+PHASES = (
+    ("plan", "plan"),
+    ("fleet_reset", "fleet reset"),
+    ("routers_start", "routers start"),
+    ("arrivals", "arrivals"),
+    ("to_last_first_token", "to last first token"),
+    ("answer_tail", "answer tail"),
+    ("after_answers", "scrapes, oracle"),
+    ("records", "records"),
+    ("teardown", "teardown"),
+)
+
+
+def _run_time_lines(runs: Runs) -> list[str]:
+    """Where the wall clock went: seconds per run (mean over the seeds) per policy and phase."""
+    lines: list[str] = []
+    for scenario, policies in runs.items():
+        timed = {p: [f.phases_s for f in runs_ if f.phases_s] for p, runs_ in policies.items()}
+        timed = {p: phases for p, phases in timed.items() if phases}
+        if not timed:
+            continue
+        lines += [
+            f"## Run time: {scenario}",
+            "",
+            "Seconds per run, mean over the seeds (`total`: their sum; fleet reset: its start on a "
+            "topology's first run; arrivals: the plan's last send; answer tail: after the last first "
+            "token, 0 once the harness stops reading there).",
+            "",
+            "| policy | runs | total | " + " | ".join(label for _, label in PHASES) + " |",
+            "|---|---:|---:|" + "---:|" * len(PHASES),
+        ]
+        total_s = 0.0
+        for policy in sorted(timed, key=_policy_key):
+            phases = timed[policy]
+            means = [sum(ph.get(key, 0.0) for ph in phases) / len(phases) for key, _ in PHASES]
+            run_s = sum(means)
+            total_s += run_s * len(phases)
+            cells = " | ".join(f"{value:.1f}" for value in means)
+            lines.append(f"| {policy} | {len(phases)} | {run_s:.1f} | {cells} |")
+        lines += ["", f"All runs: {total_s:.0f} s.", ""]
+    return lines
 
 
 def _displacement_lines(policies: Mapping[str, list[RunFigures]], regions: list[str]) -> list[str]:

@@ -6,6 +6,9 @@ A real fleet loses nodes; operators (and the demo) need to see gorgo notice and 
     GET  /nodes                 every node: name, region, url, up
     POST /nodes/{name}/stop     crash the node: streams in flight are cut, its port closes
     POST /nodes/{name}/start    restart it on the same port with an empty KV cache
+    POST /reset                 every node restarted as a new fleet process would start it (empty KV
+                                caches, zeroed counters, the WAN jitter's seeded sequence from its
+                                start), the oracle's log emptied (``Fleet.reset``; benchmarks)
     GET  /oracle                each chat request's lower-bound TTFT so far (``Fleet.record_oracle``;
                                 benchmarks): {"requests": {key: [client region, ms, its RTT ms,
                                 its step + prefill ms]}, "served": {key: [node, intake ms, queued ms,
@@ -52,6 +55,12 @@ async def _change(request: web.Request) -> web.Response:
     return web.json_response({"name": name, "up": node.running})
 
 
+async def _reset(request: web.Request) -> web.Response:
+    fleet = request.app[_FLEET_KEY]
+    await fleet.reset()
+    return web.json_response({"nodes": describe_nodes(fleet)})
+
+
 async def _oracle(request: web.Request) -> web.Response:
     fleet = request.app[_FLEET_KEY]
     return web.json_response({"requests": fleet.oracle_ms, "served": fleet.served_ms})
@@ -62,6 +71,7 @@ def build_app(fleet: Fleet) -> web.Application:
     app[_FLEET_KEY] = fleet
     app.router.add_get("/nodes", _list)
     app.router.add_get("/oracle", _oracle)
+    app.router.add_post("/reset", _reset)
     app.router.add_post("/nodes/{name}/{action:(stop|start)}", _change)
     return app
 

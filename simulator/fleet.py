@@ -25,6 +25,7 @@ from simulator.engine import SimRequest
 from simulator.kv_cache import hash_block
 from simulator.kv_events import KVEventsConfig, KVEventsConfigError, parse_kv_events_config
 from simulator.server import SimNode
+from simulator.tokenizer import clear_caches as clear_tokenizer_caches
 from simulator.topology import Topology, TopologyError
 
 MAX_ORACLE_RECORDS = 200_000  # bounded: a benchmark run sends a few thousand
@@ -217,6 +218,21 @@ class Fleet:
     async def stop_node(self, name: str) -> None:
         """Emulate a crash: the engine dies, connections in flight are cut, the port closes."""
         await self.nodes[name].stop()
+
+    async def reset(self) -> None:
+        """Bring the fleet back to the state it started in, without a new process (benchmarks run
+        policy after policy on one fleet): every node restarted on its ports (fresh engine: empty KV
+        cache, nothing queued or running, zeroed counters; connections still open are cut), its WAN
+        jitter drawn from the start of its seeded sequence again, the oracle's log emptied and the
+        tokenizer's memoised ids forgotten."""
+        for name, node in self.nodes.items():
+            if node.running:
+                await node.stop()
+            node.reset_network()
+            await self.start_node(name)
+        self.oracle_ms.clear()
+        self.served_ms.clear()
+        clear_tokenizer_caches()
 
     async def start_node(self, name: str) -> None:
         """(Re)start a node: same port as before, fresh engine, empty KV cache, zeroed counters."""

@@ -185,6 +185,11 @@ class SimNode:
             runner, self._runner = self._runner, None
             await runner.cleanup()
 
+    def reset_network(self) -> None:
+        """Draw the WAN jitter from the start of its seeded sequence again, as a new process would
+        (``Fleet.reset``; a crash and restart of the node alone keeps the network as it was)."""
+        self.wan = WANEmulator(self._topology, self.name, self.region, time_scale=self.time_scale)
+
     # ------------------------------------------------------------------ middleware
 
     @web.middleware

@@ -109,6 +109,13 @@ def _segment_ids(segment: str) -> tuple[int, ...]:
     return tuple(token_id(piece) for piece in split_pieces(segment))
 
 
+def clear_caches() -> None:
+    """Forget the memoised piece and segment ids (``Fleet.reset``: a run after another must not
+    tokenize faster than the first did because the same prompts were seen before)."""
+    token_id.cache_clear()
+    _segment_ids.cache_clear()
+
+
 def tokenize(text: str) -> list[int]:
     """Token ids of ``text``; special tokens written literally become their single ids."""
     ids: list[int] = []

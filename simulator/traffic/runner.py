@@ -50,6 +50,9 @@ class RequestResult(msgspec.Struct, kw_only=True):
     node: str | None = None
     stream: bool = True
     error: str | None = None
+    # The run stopped reading this answer after its first token (``run_plan(until_first_tokens=
+    # True)``): its TTFT is complete, its length and usage are not. Not an error.
+    cut_after_first_token: bool = False
 
     @property
     def ok(self) -> bool:
@@ -115,6 +118,7 @@ async def run_plan(
     stop: asyncio.Event | None = None,
     session: aiohttp.ClientSession | None = None,
     api_key: str | None = None,
+    until_first_tokens: bool = False,
 ) -> list[RequestResult]:
     """Send every arrival of ``plan`` to ``targets[arrival.client_region]`` and return the results.
 
@@ -122,6 +126,10 @@ async def run_plan(
 
     Bounded in time: arrivals stop at the plan's duration (or when ``stop`` is set); requests
     still running ``drain_timeout_s`` later are cancelled and reported with an error.
+
+    ``until_first_tokens``: once every arrival has been sent and has its first token (or has
+    ended), stop reading the answers still streaming (``cut_after_first_token``, not an error)
+    instead of waiting for their last token: a TTFT benchmark has nothing left to measure then.
     """
     missing = sorted({a.client_region for a in plan.arrivals} - set(targets))
     if missing:
@@ -149,6 +157,7 @@ async def run_plan(
         timeout=aiohttp.ClientTimeout(total=request_timeout_s),
         record=record,
         api_key=api_key,
+        awaiting_first=len(plan.arrivals),
     )
     loop = asyncio.get_running_loop()
     sender.start_s = loop.time()
@@ -167,7 +176,10 @@ async def run_plan(
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:
-            _done, pending = await asyncio.wait(set(tasks), timeout=drain_timeout_s)
+            if until_first_tokens and (stop is None or not stop.is_set()):
+                pending = await _until_first_tokens(sender, set(tasks), drain_timeout_s)
+            else:
+                _done, pending = await asyncio.wait(set(tasks), timeout=drain_timeout_s)
             for task in pending:
                 task.cancel()
             if pending:
@@ -178,6 +190,31 @@ async def run_plan(
         if own_session:
             await session.close()
     return results
+
+
+async def _until_first_tokens(
+    sender: _Sender, running: set[asyncio.Task[None]], timeout_s: float
+) -> set[asyncio.Task[None]]:
+    """Wait until every request has ended or has its first token (then mark the rest to be cut),
+    or ``timeout_s``; return the requests still running."""
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + timeout_s
+    first_tokens = loop.create_task(sender.all_first_tokens.wait())
+    try:
+        while running and not first_tokens.done():
+            done, _ = await asyncio.wait(
+                {*running, first_tokens},
+                timeout=max(0.0, deadline_s - loop.time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if not done:
+                break  # the drain timeout: what still runs is cancelled as an error
+            running -= done
+        if running and first_tokens.done():
+            sender.cutting = True
+    finally:
+        first_tokens.cancel()
+    return running
 
 
 @dataclass(slots=True)
@@ -193,6 +230,18 @@ class _Sender:
     api_key: str | None = None  # a gorgo client key, sent as Authorization: Bearer
     start_s: float = 0.0
     conversations: dict[str, _ConversationState] = field(default_factory=dict)
+    # Arrivals still waiting for their first token (or their end); the event fires at zero.
+    awaiting_first: int = 0
+    all_first_tokens: asyncio.Event = field(default_factory=asyncio.Event)
+    cutting: bool = False  # set once the run stops reading answers that have their first token
+
+    def _first_token_or_end(self, result: RequestResult, counted: list[bool]) -> None:
+        if counted[0]:
+            return
+        counted[0] = True
+        self.awaiting_first -= 1
+        if self.awaiting_first <= 0:
+            self.all_first_tokens.set()
 
     async def send(self, arrival: Arrival) -> None:
         loop = asyncio.get_running_loop()
@@ -210,14 +259,23 @@ class _Sender:
             stream=self.stream,
         )
         answer = _FALLBACK_ANSWER
+        counted = [False]
         try:
             if previous is not None:
                 await previous.wait()
             messages = self._messages(arrival, state)
             result.sent_s = round(loop.time() - self.start_s, 4)
-            answer = await self._post(base, arrival, messages, result) or _FALLBACK_ANSWER
+            answer = (
+                await self._post(
+                    base, arrival, messages, result, lambda: self._first_token_or_end(result, counted)
+                )
+                or _FALLBACK_ANSWER
+            )
         except asyncio.CancelledError:
-            result.error = result.error or "cancelled: the run ended before the answer did"
+            if self.cutting and result.ttft_ms is not None and result.error is None:
+                result.cut_after_first_token = True
+            else:
+                result.error = result.error or "cancelled: the run ended before the answer did"
             self.record(result)
             raise
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
@@ -226,6 +284,7 @@ class _Sender:
             state.history.append({"role": "user", "content": arrival.user_text})
             state.history.append({"role": "assistant", "content": answer})
             done.set()
+            self._first_token_or_end(result, counted)
         self.record(result)
 
     def _messages(self, arrival: Arrival, state: _ConversationState) -> list[dict[str, str]]:
@@ -237,7 +296,12 @@ class _Sender:
         return messages
 
     async def _post(
-        self, base: str, arrival: Arrival, messages: list[dict[str, str]], result: RequestResult
+        self,
+        base: str,
+        arrival: Arrival,
+        messages: list[dict[str, str]],
+        result: RequestResult,
+        on_first_token: Callable[[], None],
     ) -> str | None:
         body: dict[str, Any] = {
             "model": self.model,
@@ -289,6 +353,7 @@ class _Sender:
                     if text:
                         if result.ttft_ms is None:
                             result.ttft_ms = (time.perf_counter() - sent) * 1000.0
+                            on_first_token()
                         pieces.append(text)
                 if chunk.usage is not None:
                     _take_usage(result, chunk.usage)

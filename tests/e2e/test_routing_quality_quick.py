@@ -88,6 +88,10 @@ def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_ur
         # Every request of the run (warm-up included) was logged, none as a client disconnect.
         assert gateway["records"] == figures["requests"] + figures["warmup_requests"]
         assert gateway["status_499"] == 0
+        # Where the run's wall clock went (issue 24: the committed run within ~30 minutes).
+        phases = figures["phases_s"]
+        assert {"fleet_reset", "routers_start", "arrivals", "to_last_first_token", "teardown"} <= set(phases)
+        assert phases["arrivals"] > 0 and isinstance(figures["cut_after_first_token"], int)
     # The regional baseline never leaves the client's region while it has a healthy node.
     assert policies["prefix_affinity@local"][0]["cross_region_share"] == 0
     # Issue 24's criteria: against every other policy that ran, and each region's own clients.
@@ -97,6 +101,7 @@ def test_it_writes_figures_per_policy_and_client_region(tmp_path: Path, redis_ur
         "p50 vs the oracle bound (<= 1.5x on geo-chat)",
         *(f"{region} clients' p50 <= 1.05x the regional baseline" for region in fleet["regions"]),
     }
+    assert document["meta"]["harness"]["fleet"].startswith("one process per topology")
     markdown = out.with_suffix(".md").read_text()
     assert "## geo-chat" in markdown and "| **gorgo** |" in markdown
     assert "ap-northeast 1 node / 40% of clients" in markdown and "Displacement" in markdown
@@ -125,3 +130,34 @@ def test_it_refuses_a_bad_fleet_description_before_starting_anything(
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_it_writes_one_report_per_workload_as_the_committed_run_does(tmp_path: Path, redis_url: str) -> None:
+    """Without --out (the committed run) or with --out-dir: DIR/<workload>.{json,md}, each of its own."""
+    result = subprocess.run(
+        [
+            *(
+                sys.executable,
+                "benchmarks/routing_quality.py",
+                "--quick",
+                "--workloads",
+                "geo-chat,mixed-length",
+            ),
+            *("--policies", "gorgo", "--requests", "20", "--out-dir", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "REDIS_URL": redis_url},
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for workload in ("geo-chat", "mixed-length"):
+        document = json.loads((tmp_path / f"{workload}.json").read_text())
+        assert set(document["workloads"]) == {workload}
+        assert set(document["meta"]["rates_rps"]) == {workload}
+        assert document["meta"]["duration_s"] > 0
+        (figures,) = document["workloads"][workload]["policies"]["gorgo"]
+        assert figures["requests"] == 20 and figures["errors"] == 0
+        assert f"## Run time: {workload}" in (tmp_path / f"{workload}.md").read_text()
+    assert not (tmp_path / "four-region.json").exists()

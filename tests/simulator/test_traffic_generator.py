@@ -202,3 +202,56 @@ async def test_it_asks_for_the_planned_answer_length_with_min_tokens(make_fleet:
     plan = WorkloadPlan("mixed-length", 1, 1.0, 1.0, ("near",), (), (arrival,))
     (result,) = await asyncio.wait_for(run_plan(plan, {"near": fleet.url("node-a")}), timeout=60)
     assert result.ok and result.completion_tokens == 400
+
+
+async def test_it_stops_reading_answers_once_every_request_has_its_first_token(
+    make_fleet: FleetFactory,
+) -> None:
+    fleet = await make_fleet(**LONG_CONTEXT)
+    # Two single requests with answers of 3,000 tokens (~20 s of decode steps) and a conversation
+    # whose second turn can only leave once its first answer (8 tokens) has ended.
+    arrivals = (
+        *(
+            Arrival(
+                index=i,
+                at_s=0.0,
+                client_region="near",
+                conversation_id=f"long-{i}",
+                turn=0,
+                user="near-user1",
+                user_text=f"Request {i}: a long answer, please.",
+                system_prompt=None,
+                max_tokens=3000,
+                min_tokens=3000,
+            )
+            for i in range(2)
+        ),
+        *(
+            Arrival(
+                index=2 + turn,
+                at_s=0.0,
+                client_region="near",
+                conversation_id="chat",
+                turn=turn,
+                user="near-user2",
+                user_text=f"Question {turn}: a short answer, please.",
+                system_prompt=None,
+                max_tokens=8,
+                min_tokens=8,
+            )
+            for turn in range(2)
+        ),
+    )
+    plan = WorkloadPlan("mixed-length", 1, 1.0, 1.0, ("near",), (), arrivals)
+    results = await asyncio.wait_for(
+        run_plan(plan, {"near": fleet.url("node-a")}, until_first_tokens=True), timeout=15
+    )
+    by_index = {r.index: r for r in results}
+    assert sorted(by_index) == [0, 1, 2, 3]
+    assert all(r.ok and r.ttft_ms is not None for r in results), [r.error for r in results]
+    for long in (by_index[0], by_index[1]):  # cut after the first token: not an error, no end
+        assert long.cut_after_first_token and long.total_ms is None and long.completion_tokens is None
+    first, second = by_index[2], by_index[3]
+    assert not first.cut_after_first_token and first.completion_tokens == 8
+    assert second.sent_s is not None and first.sent_s is not None
+    assert second.sent_s >= first.sent_s + first.total_ms / 1000.0 * 0.9
