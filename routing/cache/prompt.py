@@ -12,11 +12,11 @@ indexes (``PrefixIndex``) match on that text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol
 
 import msgspec
 
+from routing.cache.parsed import ParsedRequest
 from routing.contract import NodeSpec
 
 Endpoint = Literal["chat", "completions", "embeddings"]
@@ -99,27 +99,6 @@ class BodyError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    """The routing-relevant part of one request."""
-
-    model: str
-    stream: bool
-    prompt_text: str
-    prompt_tokens_exact: int | None  # a token-id prompt tells us its length exactly
-    user: str | None
-    max_tokens: int | None = None
-
-    @property
-    def prompt_chars(self) -> int:
-        return len(self.prompt_text)
-
-    def prompt_tokens_est(self, chars_per_token: float) -> int:
-        if self.prompt_tokens_exact is not None:
-            return self.prompt_tokens_exact
-        return int(len(self.prompt_text) / chars_per_token + 0.5)
 
 
 def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:

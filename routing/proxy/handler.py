@@ -26,11 +26,11 @@ from typing import Final
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.cache.parsed import ParsedRequest
 from routing.cache.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
     BodyError,
     Endpoint,
-    ParsedRequest,
     PrefixIndex,
     parse_body,
 )
@@ -195,7 +195,9 @@ class Proxy:
                 client.on_disconnect = lambda: _client_left(exchange, task)
                 if client.disconnected:  # it left while the front door decided
                     raise ClientGone
-                await self._forward(client, exchange, table, parsed, endpoint, headers, body, session_key)
+                await self._forward(
+                    client, exchange, table, parsed, endpoint, headers, body, session_key, task
+                )
             except GatewayError as exc:
                 if isinstance(exc, AuthError) and exc.key is not None and exchange.key is None:
                     exchange.refused_key = exc.key  # the record names the revoked/expired key
@@ -371,10 +373,12 @@ class Proxy:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         session_key: str | None,
+        task: asyncio.Task[None],
     ) -> None:
-        # A canary serves the sessions its hash picks: they are routed by its policy throughout
-        # (its candidates, its algorithm, its retries). Embeddings go by load on either side, so
-        # they stay out of the canary's comparison.
+        # ``task`` is the request's own, as ``handle`` found it (Python 3.11's ``current_task`` is a
+        # Python function: not looked up twice). A canary serves the sessions its hash picks: they
+        # are routed by its policy throughout (its candidates, its algorithm, its retries).
+        # Embeddings go by load on either side, so they stay out of the canary's comparison.
         route = (
             self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
             if endpoint != "embeddings"
@@ -428,7 +432,7 @@ class Proxy:
             lambda remaining: self._route(
                 table, remaining, request, parsed.prompt_text, prompt_ids, route, None, endpoint
             ),
-            asyncio.current_task(self._loop),
+            task,
         )
         try:
             await self._relay.answer(client, exchange, table, response)

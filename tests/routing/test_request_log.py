@@ -137,7 +137,7 @@ class TestRequestLogBatches:
         ]
 
 
-def test_the_record_carries_every_field_where_its_name_says() -> None:
+def test_the_record_carries_every_field_where_its_name_says(redis_url, redis_keys) -> None:
     """``RequestOutcome._record`` builds the record positionally (msgspec's keyword matching costs
     ~2.7 us a record): every field gets a distinct value here, and each must land under its name."""
     from routing.algorithms import REGISTRY
@@ -185,7 +185,8 @@ def test_the_record_carries_every_field_where_its_name_says() -> None:
     exchange.shadow = ShadowOutcome(9, abroad, shadow_cost, live_cost)
     outcome = RequestOutcome(
         GatewayConfig(region="us-east", gateway_id="gw-distinct"),
-        None,  # type: ignore[arg-type]  (only _record is called)
+        # only _record is called: a log that never writes (compiled, the type is checked)
+        RequestLog(make_redis(redis_url), redis_keys, maxlen=10, pending_max=10, flush_interval_s=1.0),
         GatewayMetrics(),
         ApproxPrefixIndex(),
         CharsPerToken(4.0),
