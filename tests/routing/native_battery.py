@@ -197,8 +197,7 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
         )
         for i in range(rounds)
     ]
-    buffer, lengths = _encode_batch(records)
-    out.append([buffer.hex(), lengths])
+    out.append(_encode_batch(records).hex())
     return out
 
 

@@ -121,11 +121,11 @@ class TestRequestLogBatches:
     async def test_it_writes_each_record_whole_when_a_batch_travels_as_one_argument(
         self, redis_url, redis_keys
     ):
-        # The batch goes to Redis as one buffer and the records' lengths in bytes: multi-byte
-        # characters and separators inside a record must not move a boundary.
+        # The batch goes to Redis as one buffer, a record a line: multi-byte characters, line
+        # breaks and separators inside a record must not move a boundary.
         client = make_redis(redis_url)
         log = RequestLog(client, redis_keys, maxlen=1000, pending_max=100, flush_interval_s=0.01)
-        errors = ["", "é,ü 1 2 3", '日本語 " } { ,', "x" * 5000, None]
+        errors = ["", "é,ü 1 2 3", '日本語 " } { ,', "x" * 5000, None, "two\nlines\r\n", "\n"]
         for index, error in enumerate(errors):
             log.submit(msgspec.structs.replace(record(index), error=error))
         await log.flush()
