@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import time
+from functools import partial
 from typing import Final
 
 from routing.algorithms import least_load
@@ -178,8 +179,10 @@ class Proxy:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
                     parsed = parse_body(endpoint, body)
-                except BodyError as exc:
-                    raise GatewayError(400, str(exc), param=exc.param) from None
+                except BodyError as bad_body:
+                    # Not ``exc``: compiled, a variable has one type per function, and ``exc`` is a
+                    # GatewayError below (binding one to a BodyError-typed name raised TypeError).
+                    raise GatewayError(400, str(bad_body), param=bad_body.param) from None
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
                 exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
@@ -429,8 +432,18 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            lambda remaining: self._route(
-                table, remaining, request, parsed.prompt_text, prompt_ids, route, None, endpoint
+            # Not a lambda: compiled, a lambda holds this coroutine's environment, which holds the
+            # retry loop's (a temporary across the await), which holds the lambda: a cycle per
+            # request left for the garbage collector (tests/routing/test_request_garbage.py).
+            partial(
+                self._route,
+                table,
+                request=request,
+                prompt_text=parsed.prompt_text,
+                prompt_ids=prompt_ids,
+                route=route,
+                exchange=None,
+                endpoint=endpoint,
             ),
             task,
         )
