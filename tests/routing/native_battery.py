@@ -138,6 +138,7 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
     from routing.contract import RequestRecord
     from routing.errors import GatewayError
     from routing.http.headers import filter_response_headers, scan_request_headers
+    from routing.http.upstream import encode_headers
     from routing.observability.request_log import _encode_batch
     from routing.state.inflight import InFlight
 
@@ -157,6 +158,7 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
                     found.request_id,
                     found.content_length,
                     found.session_key,
+                    encode_headers(found.forward).decode(),
                 ]
             )
         except GatewayError as exc:
