@@ -48,8 +48,7 @@ class Relay:
         """Pass the node's answer to the client: streams chunk by chunk, bodies in one piece."""
         assert exchange.decision is not None and exchange.lease is not None and exchange.sent_s is not None
         node = exchange.decision.node
-        upstream_us = int((time.perf_counter() - exchange.sent_s) * 1e6 + 0.5)
-        routing_us = int(exchange.routing_s * 1e6 + 0.5)
+        upstream_s = time.perf_counter() - exchange.sent_s
         exchange.status = status = response.status
         out_headers = filter_response_headers(response.raw_headers)
         out_headers += (
@@ -58,10 +57,8 @@ class Relay:
             (b"x-request-id", exchange.request_id.encode()),
             (
                 b"server-timing",
-                # Milliseconds to the microsecond from whole microseconds: bytes' %.3f of a float
-                # went through the float repr (~1.4 k instructions each), %d is cheap.
-                b"route;dur=%d.%03d, upstream;dur=%d.%03d"
-                % (routing_us // 1000, routing_us % 1000, upstream_us // 1000, upstream_us % 1000),
+                # bytes' own %: compiled, an f-string formats each float through a method call
+                b"route;dur=%.3f, upstream;dur=%.3f" % (exchange.routing_s * 1000, upstream_s * 1000),
             ),
         )
         if exchange.grant is not None and exchange.grant.headers:
