@@ -46,7 +46,8 @@ from routing_quality import (  # this directory is on sys.path
 )
 
 from routing.cache.approx_index import chunk_hashes
-from routing.cache.prompt import ChatMessage, render_messages
+from routing.cache.bodies import ChatMessage
+from routing.cache.prompt import render_messages
 from routing.contract import ModelSpec, RegionSpec
 from routing.state.sharing import LOAD_INTERVAL_S, PREFIX_FLUSH_INTERVAL_S
 from simulator.replay import ReplayRequest, percentile, replay

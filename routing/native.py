@@ -42,6 +42,11 @@ MODULES = (
     "routing.algorithms.session_affinity",
     "routing.cache.approx_index",
     "routing.cache.kv_aware_index",
+    "routing.cache.parsed",
+    "routing.cache.prompt",
+    "routing.cache.token_ratio",
+    "routing.deadlines",
+    "routing.frontdoor.admission",
     "routing.frontdoor.auth",
     "routing.frontdoor.concurrency",
     "routing.frontdoor.front_door",
@@ -53,9 +58,14 @@ MODULES = (
     "routing.observability.request_log",
     "routing.proxy.exchange",
     "routing.proxy.handler",
+    "routing.proxy.outcome",
     "routing.proxy.relay",
     "routing.proxy.shadow",
+    "routing.resilience.breaker",
+    "routing.resilience.node_probe",
+    "routing.resilience.retry",
     "routing.state.inflight",
+    "routing.state.table",
 )
 GROUP = "gorgo_native"  # the shared library's name: gorgo_native__mypyc
 PURE_ENV = "GORGO_PURE_PYTHON"

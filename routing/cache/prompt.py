@@ -1,8 +1,8 @@
 """What the gateway reads from a request body, and the prefix-index hook.
 
 The gateway forwards the client's body bytes unchanged; it decodes only the few fields it routes by
-(model, stream, the prompt, ``user``) into small msgspec structs, which skip everything else at C
-speed.
+(model, stream, the prompt, ``user``) into small msgspec structs (``routing.cache.bodies``), which
+skip everything else at C speed. Compiled (``routing/native.py``): the parse runs per request.
 
 The "prompt text" is a stable rendering of the prompt: for chat, each message's role and content
 in order, so two conversations that share their first turns share a prefix of the text. Prefix
@@ -12,80 +12,17 @@ indexes (``PrefixIndex``) match on that text.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Literal, Protocol
+from typing import Final, Literal, Protocol
 
 import msgspec
 
+from routing.cache.bodies import ChatBody, ChatMessage, CompletionBody, EmbeddingBody
+from routing.cache.parsed import ParsedRequest
 from routing.contract import NodeSpec
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 
-DEFAULT_CHARS_PER_TOKEN = 4.0
-
-
-class ContentPart(msgspec.Struct):
-    """One part of a multi-part chat message; only text parts count toward the prompt."""
-
-    type: str = ""
-    text: str | None = None
-
-
-# The roles OpenAI's API and vLLM's chat templates know; anything else is a 400 there too.
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-
-
-class ChatMessage(msgspec.Struct):
-    role: Role
-    content: str | list[ContentPart] | None = None
-
-
-class StreamOptions(msgspec.Struct):
-    include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
-
-
-# The sampling fields vLLM validates itself (its 400s), checked here at C speed by msgspec so
-# a bad request never costs a node round trip. Every other field passes through unread.
-Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
-Count = Annotated[int, msgspec.Meta(ge=1, le=128)]
-MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
-
-
-class _Sampling(msgspec.Struct):
-    """Fields both endpoints share."""
-
-    model: str
-    stream: bool | None = None
-    user: str | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    n: Count | None = None
-    max_tokens: MaxTokens | None = None
-    stop: str | list[str] | None = None
-    stream_options: StreamOptions | None = None
-
-
-class ChatBody(_Sampling):
-    """The fields of a ``/v1/chat/completions`` body the gateway routes by or validates."""
-
-    messages: list[ChatMessage] = []
-    max_completion_tokens: MaxTokens | None = None
-
-
-class CompletionBody(_Sampling):
-    """The fields of a ``/v1/completions`` body the gateway routes by or validates."""
-
-    prompt: str | list[str | int | list[int]] | None = None
-
-
-class EmbeddingBody(msgspec.Struct):
-    """The fields of a ``/v1/embeddings`` body the gateway routes by (routed by load, never by prefix)."""
-
-    model: str
-    input: str | list[str | int | list[int]]
-    user: str | None = None
+DEFAULT_CHARS_PER_TOKEN: Final = 4.0
 
 
 _chat_decoder = msgspec.json.Decoder(ChatBody)
@@ -99,27 +36,6 @@ class BodyError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedRequest:
-    """The routing-relevant part of one request."""
-
-    model: str
-    stream: bool
-    prompt_text: str
-    prompt_tokens_exact: int | None  # a token-id prompt tells us its length exactly
-    user: str | None
-    max_tokens: int | None = None
-
-    @property
-    def prompt_chars(self) -> int:
-        return len(self.prompt_text)
-
-    def prompt_tokens_est(self, chars_per_token: float) -> int:
-        if self.prompt_tokens_exact is not None:
-            return self.prompt_tokens_exact
-        return int(len(self.prompt_text) / chars_per_token + 0.5)
 
 
 def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:

@@ -16,7 +16,6 @@ changes arrive without a release here).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -71,8 +70,12 @@ class Admission:
         return {priority: len(queue) for priority, queue in self._queues.items()}
 
     def _has_room(self, node: NodeSpec) -> bool:
-        limit = math.ceil(node.max_num_seqs * self._factor)
-        return self._outstanding(node.id) + self._reserved.get(node.id, 0) < limit
+        # Below ceil(max_num_seqs * factor): for a whole count, the same as below the product.
+        taken = self._outstanding(node.id)
+        reserved = self._reserved
+        if reserved:
+            taken += reserved.get(node.id, 0)
+        return taken < node.max_num_seqs * self._factor
 
     def with_room(self, candidates: tuple[NodeSpec, ...]) -> tuple[NodeSpec, ...]:
         """The candidates below their bound (all of them, in the common case, without copying)."""

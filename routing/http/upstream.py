@@ -84,8 +84,17 @@ def make_target(url: str, method: str = "POST") -> Target:
 
 
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Header lines for a request head (the values come from httptools: no CR or LF in them)."""
-    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+    """Header lines for a request head (the values come from httptools: no CR or LF in them).
+
+    Four pieces a header joined once: ``name + b": " + value + b"\r\n"`` made three bytes objects
+    a header (~0.4 k instructions each header, every request)."""
+    parts: list[bytes] = []
+    for name, value in headers:
+        parts.append(name)
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(b"\r\n")
+    return b"".join(parts)
 
 
 class UpstreamResponse:

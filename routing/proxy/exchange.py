@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from routing.algorithms.base import Decision
-from routing.cache.prompt import ParsedRequest
+from routing.cache.parsed import ParsedRequest
 from routing.contract import ClientKeySpec
 from routing.frontdoor.front_door import Grant
 from routing.http.usage import Usage

@@ -22,15 +22,16 @@ import itertools
 import logging
 import os
 import time
+from functools import partial
 from typing import Final
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.cache.parsed import ParsedRequest
 from routing.cache.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
     BodyError,
     Endpoint,
-    ParsedRequest,
     PrefixIndex,
     parse_body,
 )
@@ -178,8 +179,10 @@ class Proxy:
                     raise GatewayError(503, "The gateway has no routing policy loaded yet.", retry_after_s=1)
                 try:
                     parsed = parse_body(endpoint, body)
-                except BodyError as exc:
-                    raise GatewayError(400, str(exc), param=exc.param) from None
+                except BodyError as bad_body:
+                    # Not ``exc``: compiled, a variable has one type per function, and ``exc`` is a
+                    # GatewayError below (binding one to a BodyError-typed name raised TypeError).
+                    raise GatewayError(400, str(bad_body), param=bad_body.param) from None
                 exchange.parsed = parsed
                 exchange.stream = parsed.stream
                 exchange.prompt_tokens_est = parsed.prompt_tokens_est(self._chars_per_token.value)
@@ -195,7 +198,9 @@ class Proxy:
                 client.on_disconnect = lambda: _client_left(exchange, task)
                 if client.disconnected:  # it left while the front door decided
                     raise ClientGone
-                await self._forward(client, exchange, table, parsed, endpoint, headers, body, session_key)
+                await self._forward(
+                    client, exchange, table, parsed, endpoint, headers, body, session_key, task
+                )
             except GatewayError as exc:
                 if isinstance(exc, AuthError) and exc.key is not None and exchange.key is None:
                     exchange.refused_key = exc.key  # the record names the revoked/expired key
@@ -371,10 +376,12 @@ class Proxy:
         headers: list[tuple[bytes, bytes]],
         body: bytes,
         session_key: str | None,
+        task: asyncio.Task[None],
     ) -> None:
-        # A canary serves the sessions its hash picks: they are routed by its policy throughout
-        # (its candidates, its algorithm, its retries). Embeddings go by load on either side, so
-        # they stay out of the canary's comparison.
+        # ``task`` is the request's own, as ``handle`` found it (Python 3.11's ``current_task`` is a
+        # Python function: not looked up twice). A canary serves the sessions its hash picks: they
+        # are routed by its policy throughout (its candidates, its algorithm, its retries).
+        # Embeddings go by load on either side, so they stay out of the canary's comparison.
         route = (
             self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
             if endpoint != "embeddings"
@@ -425,10 +432,20 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            lambda remaining: self._route(
-                table, remaining, request, parsed.prompt_text, prompt_ids, route, None, endpoint
+            # Not a lambda: compiled, a lambda holds this coroutine's environment, which holds the
+            # retry loop's (a temporary across the await), which holds the lambda: a cycle per
+            # request left for the garbage collector (tests/routing/test_request_garbage.py).
+            partial(
+                self._route,
+                table,
+                request=request,
+                prompt_text=parsed.prompt_text,
+                prompt_ids=prompt_ids,
+                route=route,
+                exchange=None,
+                endpoint=endpoint,
             ),
-            asyncio.current_task(self._loop),
+            task,
         )
         try:
             await self._relay.answer(client, exchange, table, response)

@@ -59,7 +59,12 @@ class RequestOutcome:
             parsed = exchange.parsed
             usage = exchange.usage
             details = usage.prompt_tokens_details if usage is not None else None
-            if details is not None and decision is not None and decision.cost is not None:
+            if (
+                details is not None
+                and usage is not None
+                and decision is not None
+                and decision.cost is not None
+            ):
                 self._observe_cache(
                     decision.cost.node_id, decision.cost.matched_tokens, exchange, usage, details
                 )

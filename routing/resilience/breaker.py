@@ -21,9 +21,11 @@ path reads one attribute (``blocked``), rebuilt on every transition.
 
 from __future__ import annotations
 
-CLOSED = 0
-HALF_OPEN = 1
-OPEN = 2
+from typing import Final
+
+CLOSED: Final = 0
+HALF_OPEN: Final = 1
+OPEN: Final = 2
 
 
 class _NodeBreaker:

@@ -115,7 +115,7 @@ class Retrier:
             node = decision.node
             attempt.decision = decision
             attempt.prediction = decision.prediction
-            attempt.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
+            lease = attempt.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             attempt.sent_s = time.perf_counter()
             hung_watch = (
                 HungWatch(
@@ -129,6 +129,7 @@ class Retrier:
                 else None
             )
             target = table.urls.get((node.id, path))
+            rerouted = False  # a 5xx answer, retried: compiled, no `continue` may leave the `finally`
             try:
                 if target is None:
                     raise ConnectFailed(f"node {node.name} has no usable http(s) URL")
@@ -181,7 +182,7 @@ class Retrier:
                     return response
                 # Nothing of it went to the client: drop its error body, another node answers.
                 response.close()
-                attempt.lease.release()
+                lease.release()
                 attempt.lease = None
                 self._metrics.upstream_error(node.name, "status")
                 self._metrics.retry("status")
@@ -189,12 +190,14 @@ class Retrier:
                 tried.append(node)
                 decision = reroute(others)
                 fresh = False
-                continue
+                rerouted = True
             finally:
                 if hung_watch is not None:
                     hung_watch.stop()
+            if rerouted:
+                continue
             breakers.failure(node.id, time.monotonic(), hard=hard)
-            attempt.lease.release()
+            lease.release()
             attempt.lease = None
             self._metrics.upstream_error(node.name, "timeout" if kind == "first_byte" else kind)
             tried.append(node)

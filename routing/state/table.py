@@ -118,7 +118,7 @@ def build_table(
         session_header=session_header.lower() if session_header else None,
         version_header=str(snapshot.version).encode(),
         models_body=models_body,
-        model_bodies={entry["id"]: msgspec.json.encode(entry) for entry in model_objects},
+        model_bodies={str(entry["id"]): msgspec.json.encode(entry) for entry in model_objects},
         max_context_tokens={model.name: model.max_context_tokens for model in snapshot.models},
         shadow=shadow,
         canary=canary,

@@ -138,6 +138,7 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
     from routing.contract import RequestRecord
     from routing.errors import GatewayError
     from routing.http.headers import filter_response_headers, scan_request_headers
+    from routing.http.upstream import encode_headers
     from routing.observability.request_log import _encode_batch
     from routing.state.inflight import InFlight
 
@@ -157,6 +158,7 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
                     found.request_id,
                     found.content_length,
                     found.session_key,
+                    encode_headers(found.forward).decode(),
                 ]
             )
         except GatewayError as exc:
@@ -197,8 +199,52 @@ def request_path(rng: random.Random, rounds: int) -> list[object]:
         )
         for i in range(rounds)
     ]
-    buffer, lengths = _encode_batch(records)
-    out.append([buffer.hex(), lengths])
+    out.append(_encode_batch(records).hex())
+    return out
+
+
+def bodies(rng: random.Random, rounds: int) -> list[object]:
+    """Request bodies through ``parse_body`` (compiled since issue 25's fifth round): what each
+    parses to, or the client's error, for valid, invalid and mistyped fields."""
+    from routing.cache.prompt import BodyError, parse_body
+
+    contents: list[object] = [
+        "hi",
+        "",
+        None,
+        [{"type": "text", "text": "a"}, {"type": "image_url"}],
+        "é\n",
+        5,
+    ]
+    prompts: list[object] = ["p", ["a", "b"], [1, 2, 3], [[1, 2], [3]], "x" * 99, ["a", 1], [], None, 7]
+    out: list[object] = []
+    for _ in range(rounds):
+        endpoint = rng.choice(["chat", "completions", "embeddings"])
+        document: dict[str, object] = {"model": "m" if rng.random() < 0.9 else rng.choice(["", 3])}
+        if endpoint == "chat":
+            messages = [
+                {"role": rng.choice(["user", "system", "user", "robot"]), "content": rng.choice(contents)}
+                for _ in range(rng.randrange(0, 4))
+            ]
+            document["messages"] = messages
+            if rng.random() < 0.3:
+                document["max_completion_tokens"] = rng.choice([0, 9])
+        elif endpoint == "completions":
+            if rng.random() < 0.9:
+                document["prompt"] = rng.choice(prompts)
+        else:
+            document["input"] = rng.choice(prompts)
+        for field, values in (("stream", [True, False, "x"]), ("user", ["u", None]),
+                              ("max_tokens", [1, 0]), ("temperature", [0.5, 3.0]),
+                              ("stream_options", [{"include_usage": True}])):  # fmt: skip
+            if rng.random() < 0.1:
+                document[field] = rng.choice(values)
+        body = json.dumps(document).encode() if rng.random() < 0.95 else b'{"model": "m", "messages": ['
+        try:
+            parsed = parse_body(endpoint, body)  # type: ignore[arg-type]
+            out.append([repr(parsed), parsed.prompt_chars, parsed.prompt_tokens_est(3.5)])
+        except BodyError as exc:
+            out.append([str(exc), exc.param])
     return out
 
 
@@ -206,7 +252,12 @@ def main() -> None:
     rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 25)
     for name in native.MODULES:  # all of them, so ``loaded`` says where each came from
         importlib.import_module(name)
-    out = {"decisions": decisions(rng, 150), "verdicts": verdicts(), "request_path": request_path(rng, 200)}
+    out = {
+        "decisions": decisions(rng, 150),
+        "verdicts": verdicts(),
+        "request_path": request_path(rng, 200),
+        "bodies": bodies(rng, 300),
+    }
     print(json.dumps({"loaded": native.loaded(), **out}))
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from routing.contract import SCHEMA_VERSION, NodeLiveState
+from routing.http.upstream import UpstreamClient
 from routing.resilience.breaker import HALF_OPEN, OPEN, Breakers, RetryBudget
 from routing.resilience.node_probe import NodeProber
 from tests.conftest import free_port
@@ -76,10 +75,11 @@ class TestProberFollowsTelemetry:
     region's clients abroad ~2.4 s after its nodes came back)."""
 
     def prober(self, breakers: Breakers) -> NodeProber:
-        client: Any = None  # following the live state sends nothing
+        # Following the live state sends nothing; compiled, the client's type is still checked.
+        client = UpstreamClient(connect_timeout_s=1.0, read_timeout_s=1.0, keepalive_s=60.0)
         return NodeProber(breakers, client, lambda: None)
 
-    def test_it_probes_a_node_telemetry_saw_go_down_and_come_back(self):
+    async def test_it_probes_a_node_telemetry_saw_go_down_and_come_back(self):
         breakers = Breakers(open_s=30.0)
         prober = self.prober(breakers)
         breakers.failure(1, 0.0, hard=True)
@@ -91,7 +91,7 @@ class TestProberFollowsTelemetry:
         assert breakers.due_probes(3.0) == [1]
         assert prober.down_in_telemetry == set()
 
-    def test_a_steady_healthy_entry_does_not_hurry_a_failing_nodes_probes(self):
+    async def test_a_steady_healthy_entry_does_not_hurry_a_failing_nodes_probes(self):
         breakers = Breakers(open_s=5.0)
         prober = self.prober(breakers)
         breakers.failure(1, 0.0, hard=True)
@@ -99,7 +99,7 @@ class TestProberFollowsTelemetry:
             prober.follow_live({1: live(1, True)}, now)
             assert breakers.due_probes(now) == []
 
-    def test_it_hurries_each_comeback_once_and_remembers_a_node_whose_entry_went_stale(self):
+    async def test_it_hurries_each_comeback_once_and_remembers_a_node_whose_entry_went_stale(self):
         breakers = Breakers(open_s=30.0)
         prober = self.prober(breakers)
         breakers.failure(1, 0.0, hard=True)

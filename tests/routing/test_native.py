@@ -42,6 +42,8 @@ def test_compiled_and_pure_modules_give_the_same_decisions_and_verdicts():
     assert compiled["verdicts"] == pure["verdicts"]
     assert len(compiled["request_path"]) == 601  # 200 header pairs, 200 in-flight views, one batch
     assert compiled["request_path"] == pure["request_path"]
+    assert len(compiled["bodies"]) == 300  # parse_body: parsed requests and client errors
+    assert compiled["bodies"] == pure["bodies"]
 
 
 def test_a_build_is_used_only_while_its_sources_are_unchanged(tmp_path, monkeypatch):

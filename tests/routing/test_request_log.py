@@ -121,11 +121,11 @@ class TestRequestLogBatches:
     async def test_it_writes_each_record_whole_when_a_batch_travels_as_one_argument(
         self, redis_url, redis_keys
     ):
-        # The batch goes to Redis as one buffer and the records' lengths in bytes: multi-byte
-        # characters and separators inside a record must not move a boundary.
+        # The batch goes to Redis as one buffer, a record a line: multi-byte characters, line
+        # breaks and separators inside a record must not move a boundary.
         client = make_redis(redis_url)
         log = RequestLog(client, redis_keys, maxlen=1000, pending_max=100, flush_interval_s=0.01)
-        errors = ["", "é,ü 1 2 3", '日本語 " } { ,', "x" * 5000, None]
+        errors = ["", "é,ü 1 2 3", '日本語 " } { ,', "x" * 5000, None, "two\nlines\r\n", "\n"]
         for index, error in enumerate(errors):
             log.submit(msgspec.structs.replace(record(index), error=error))
         await log.flush()
@@ -137,7 +137,7 @@ class TestRequestLogBatches:
         ]
 
 
-def test_the_record_carries_every_field_where_its_name_says() -> None:
+def test_the_record_carries_every_field_where_its_name_says(redis_url, redis_keys) -> None:
     """``RequestOutcome._record`` builds the record positionally (msgspec's keyword matching costs
     ~2.7 us a record): every field gets a distinct value here, and each must land under its name."""
     from routing.algorithms import REGISTRY
@@ -185,7 +185,8 @@ def test_the_record_carries_every_field_where_its_name_says() -> None:
     exchange.shadow = ShadowOutcome(9, abroad, shadow_cost, live_cost)
     outcome = RequestOutcome(
         GatewayConfig(region="us-east", gateway_id="gw-distinct"),
-        None,  # type: ignore[arg-type]  (only _record is called)
+        # only _record is called: a log that never writes (compiled, the type is checked)
+        RequestLog(make_redis(redis_url), redis_keys, maxlen=10, pending_max=10, flush_interval_s=1.0),
         GatewayMetrics(),
         ApproxPrefixIndex(),
         CharsPerToken(4.0),

@@ -36,7 +36,9 @@ class TestCharsPerToken:
 
     def test_it_ignores_small_drifts_so_the_index_is_not_resized_for_nothing(self):
         ratio = CharsPerToken(4.0)
-        changes = [ratio.observe(4_000 * (1 + CHANGE_BAND / 2), 1_000) for _ in range(MIN_OBSERVATIONS * 3)]
+        changes = [
+            ratio.observe(int(4_000 * (1 + CHANGE_BAND / 2)), 1_000) for _ in range(MIN_OBSERVATIONS * 3)
+        ]
         assert not any(changes) and ratio.value == 4.0
 
     def test_it_follows_a_change_of_traffic(self):
