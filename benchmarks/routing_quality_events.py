@@ -21,12 +21,21 @@ deterministic stand-in for each answer (the emulator's answers are not known wit
 
 Prints one line per (workload, policy): the median over the seeds of p50 and p99 TTFT (ms) and of
 the cross-region share, each seed's p50/p99/cross-region share, and each client region's median p50.
+
+``--against NAME=VALUE`` (repeatable) is an A/B in turns per seed: each policy also runs with those
+parameters as the baseline on the same plans, and a second line gives the paired geometric-mean
+ratios (this run over the baseline) of p50, p99 and each client region's p50, with the seeds where
+the figure moved by more than 0.5 % either way:
+
+    python benchmarks/routing_quality_events.py --workloads geo-chat,four-region --policies gorgo \
+        --seeds $(seq -s, 1 40) --against homing_rent_ratio=0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -152,6 +161,41 @@ def run(
     }
 
 
+def paired_ratios(rows: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, the geometric mean over the seeds of this run's figure over the baseline's (the
+    same plan), and in how many seeds it was more than 0.5 % lower (better) or higher (worse)."""
+
+    def summary(ratios: list[float]) -> dict[str, float | int]:
+        return {
+            "ratio": math.exp(statistics.mean(math.log(r) for r in ratios)),
+            "better": sum(r < 0.995 for r in ratios),
+            "worse": sum(r > 1.005 for r in ratios),
+        }
+
+    paired: dict[str, Any] = {
+        figure: summary([row[figure] / base[figure] for row, base in zip(rows, baseline, strict=True)])
+        for figure in ("p50_ms", "p99_ms")
+    }
+    paired["region_p50_ms"] = {
+        region: summary(
+            [
+                row["region_p50_ms"][region] / base["region_p50_ms"][region]
+                for row, base in zip(rows, baseline, strict=True)
+            ]
+        )
+        for region in rows[0]["region_p50_ms"]
+    }
+    return paired
+
+
+def format_paired(paired: dict[str, Any]) -> str:
+    def one(name: str, figure: dict[str, Any]) -> str:
+        return f"{name} x{figure['ratio']:.3f} (-{figure['better']}/+{figure['worse']})"
+
+    regions = " ".join(one(region, figure) for region, figure in paired["region_p50_ms"].items())
+    return f"{one('p50', paired['p50_ms'])} {one('p99', paired['p99_ms'])}  regions' p50: {regions}"
+
+
 def snapshot_of(topology: Topology, params: Any) -> Any:
     nodes = tuple(
         make_node(
@@ -224,12 +268,24 @@ def main(argv: list[str] | None = None) -> int:
         "its work counts from the peer's next load report",
     )
     parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also run every policy with these parameters as the baseline and print paired ratios",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         help="also write every seed's figures to OUT.json and the summary lines to OUT.md",
     )
     args = parser.parse_args(argv)
     overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
+    against = (
+        {name: float(value) for name, _, value in (item.partition("=") for item in args.against)}
+        if args.against
+        else None
+    )
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     results: list[dict[str, Any]] = []
     lines: list[str] = []
@@ -264,17 +320,38 @@ def main(argv: list[str] | None = None) -> int:
             line = f"{workload:>13} {policy:<22} p50 {p50:6.0f} p99 {p99:6.0f} cross {cross:4.0%}  [{each}]  {regions}"
             print(line, flush=True)
             lines.append(line)
-            results.append(
-                {
-                    "workload": workload,
-                    "policy": policy,
-                    "p50_ms": p50,
-                    "p99_ms": p99,
-                    "cross_region_share": cross,
-                    "region_p50_ms": regions,
-                    "seeds": dict(zip(seeds, rows, strict=True)),
-                }
-            )
+            result: dict[str, Any] = {
+                "workload": workload,
+                "policy": policy,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "cross_region_share": cross,
+                "region_p50_ms": regions,
+                "seeds": dict(zip(seeds, rows, strict=True)),
+            }
+            if against is not None:
+                baseline = [
+                    run(
+                        workload,
+                        policy,
+                        seed,
+                        args.requests,
+                        {**overrides, **against},
+                        args.sharing_delay_ms,
+                        args.shared_state_rtt_ms,
+                        args.prefix_delay_ms,
+                        not args.no_peer_claims,
+                    )
+                    for seed in seeds
+                ]
+                paired = paired_ratios(rows, baseline)
+                line = f"{'':>13} {'  over ' + ','.join(args.against):<22} " + format_paired(paired)
+                print(line, flush=True)
+                lines.append(line)
+                result["against"] = against
+                result["baseline_seeds"] = dict(zip(seeds, baseline, strict=True))
+                result["paired"] = paired
+            results.append(result)
     if args.out is not None:
         meta = {
             "seeds": seeds,
@@ -284,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "shared_state_rtt_ms": args.shared_state_rtt_ms,
             "prefix_delay_ms": args.prefix_delay_ms,
             "peer_claims": not args.no_peer_claims,
+            "against": against,
             "command": " ".join(["python", "benchmarks/routing_quality_events.py", *(argv or sys.argv[1:])]),
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

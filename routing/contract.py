@@ -210,6 +210,10 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     default_rtt_ms: Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)] = 100.0
     chars_per_token: Annotated[float, msgspec.Meta(ge=0.5, le=20.0)] = 4.0
     w_displacement: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 1.0
+    # Bring a prompt family cached only abroad home once its region's requests have paid this many
+    # times the price of caching it at home in round trips (docs/routing.md, "Bringing a prefix
+    # home"); 0: never (every request goes where it is cheapest for itself).
+    homing_rent_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 3.0
 
 
 # The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name and its
@@ -611,6 +615,11 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     shadow_node_id: int | None = None
     shadow_node_region: str | None = None
     shadow_cost: CostTerms | None = None
+    # gorgo's homing (docs/routing.md, "Bringing a prefix home"): the rent this request paid, in
+    # estimated ms of TTFT, by going abroad for a prefix its region does not hold; ``homed``: it
+    # stayed home to cache that prefix there instead (its ``runner_up`` is the forward it skipped)
+    rent_ms: float = 0.0
+    homed: bool = False
 
     @property
     def shadow_terms(self) -> CostTerms | None:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from routing.algorithms import REGISTRY
-from routing.algorithms.base import RoutingRequest, RoutingView
+from routing.algorithms.base import PrefixRent, RoutingRequest, RoutingView
 from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import (
     SCHEMA_VERSION,
@@ -60,6 +60,7 @@ from routing.contract import (
     RTTTable,
 )
 from routing.state.eligibility import eligible_nodes
+from routing.state.homing import HomingLedger
 from routing.state.inflight import InFlight, Lease
 from routing.state.sharing import PeerLoad, apply_peer_update, build_updates, load_report
 from simulator.engine import (
@@ -513,6 +514,7 @@ class _Replay:
         self.live: dict[int, NodeLiveState] = {}
         self.candidates: dict[tuple[str, str], tuple[NodeSpec, ...]] = {}
         self.sequence: dict[str, int] = {}
+        self.homing: dict[str, HomingLedger] = {}  # each gateway's (region's) rent for prefixes abroad
         self.results: list[ReplayedRequest | None] = [None] * len(requests)
         self.pending = 0
         self.unroutable = 0
@@ -620,6 +622,10 @@ class _Replay:
         matched = index.match_hashes(request.prefix_hashes, node_ids, now) if uses_index else {}
         self.sequence[region] = sequence = self.sequence.get(region, 0) + 1
         book = self.books.get(region, self.inflight)
+        homing = self.homing.get(region)
+        if homing is None:
+            homing = self.homing[region] = HomingLedger()
+        homing.fade_to(now)
         view = RoutingView(
             region,
             candidates,
@@ -630,12 +636,18 @@ class _Replay:
             matched,
             sequence,
             f"replay-{region}",
+            PrefixRent(request.prefix_hashes, self.tokens_per_chunk, homing.owed) if uses_index else None,
         )
         routed = RoutingRequest(
             request.model, request.prompt_chars, request.prompt_tokens, request.session_key
         )
         decision = self.algorithm.choose(view, routed)
         node = decision.node
+        if decision.rent_key:
+            if decision.homed:
+                homing.settle(decision.rent_key)
+            else:
+                homing.pay(decision.rent_key, decision.rent_ms)
         if uses_index:
             index.insert_hashes(node.id, request.prefix_hashes, now)
         cost = decision.cost

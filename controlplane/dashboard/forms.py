@@ -31,6 +31,8 @@ PARAM_HELP: dict[str, dict[str, str]] = {
         "chars_per_token": "Prompt characters per token, to estimate prompt tokens before the node tokenises.",
         "w_displacement": "Weight of the wait a request sent abroad causes the receiving region's own "
         "clients (coordinated overflow); 0 lets every request think only of itself.",
+        "homing_rent_ratio": "A prompt family cached only abroad comes home once its region's requests "
+        "have paid this many times the price of caching it at home in round trips; 0: never.",
     },
     "prefix_affinity": {
         "cache_threshold": "Follow the longest cached prefix only when it covers at least this share of "
@@ -53,6 +55,7 @@ PARAM_LABELS: dict[str, str] = {
     "default_rtt_ms": "Default RTT (ms)",
     "chars_per_token": "Characters per token",
     "w_displacement": "Displacement weight",
+    "homing_rent_ratio": "Homing rent ratio",
     "scope": "Scope",
     "cache_threshold": "Cache-match threshold",
     "balance_abs_threshold": "Imbalance, absolute",

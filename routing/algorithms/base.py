@@ -11,7 +11,7 @@ algorithm runs; an algorithm is never called with an empty candidate list.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -122,6 +122,7 @@ class RoutingView:
         "load",
         "matched_tokens",
         "params",
+        "prefix",
         "region",
         "rtt_ms",
         "sequence",
@@ -138,6 +139,7 @@ class RoutingView:
         matched_tokens: Mapping[int, int] | None = None,  # node id -> cached prefix est.
         sequence: int = 0,  # a per-gateway request counter (round robin)
         gateway_id: str = "",  # this gateway; lets cost ties spread differently on each gateway (gorgo)
+        prefix: PrefixRent | None = None,  # the prompt's prefix and its rent (gorgo's homing)
     ) -> None:
         self.region: Final = region
         self.candidates: Final = candidates
@@ -148,6 +150,7 @@ class RoutingView:
         self.matched_tokens: Final[Mapping[int, int]] = matched_tokens if matched_tokens is not None else {}
         self.sequence: Final = sequence
         self.gateway_id: Final = gateway_id
+        self.prefix: Final = prefix
 
     def load_of(self, node_id: int) -> NodeLoad:
         return self.load.get(node_id, _NO_LOAD)
@@ -164,6 +167,7 @@ class RoutingView:
             self.matched_tokens,
             self.sequence,
             self.gateway_id,
+            self.prefix,
         )
 
     def _fields(self) -> tuple[object, ...]:
@@ -177,6 +181,7 @@ class RoutingView:
             self.matched_tokens,
             self.sequence,
             self.gateway_id,
+            self.prefix,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -192,11 +197,42 @@ class RoutingView:
             f"RoutingView(region={self.region!r}, candidates={self.candidates!r}, params={self.params!r}, "
             f"load={self.load!r}, rtt_ms={self.rtt_ms!r}, live={self.live!r}, "
             f"matched_tokens={self.matched_tokens!r}, sequence={self.sequence!r}, "
-            f"gateway_id={self.gateway_id!r})"
+            f"gateway_id={self.gateway_id!r}, prefix={self.prefix!r})"
         )
 
 
 _NO_LOAD = NodeLoad()
+
+
+class PrefixRent:
+    """The prompt's prefix as the prefix index matched it, and what this gateway's region has paid
+    for prefixes cached only abroad (``routing.state.homing``): what gorgo needs to bring a prompt
+    family home (docs/routing.md, "Bringing a prefix home").
+
+    ``hashes``: the prompt's chained chunk hashes (``routing.cache.approx_index.chunk_hashes``);
+    ``chunk_tokens``: estimated tokens per chunk, which turns a node's matched tokens into a chunk
+    count; ``owed``: the ledger's prefix key (a chunk hash) -> rent paid, in ms.
+    """
+
+    __slots__ = ("chunk_tokens", "hashes", "owed")
+
+    def __init__(self, hashes: Sequence[int], chunk_tokens: float, owed: Mapping[int, float]) -> None:
+        self.hashes: Final = hashes
+        self.chunk_tokens: Final = chunk_tokens
+        self.owed: Final = owed
+
+    def key(self, matched_tokens: int) -> int:
+        """The prefix a node holding ``matched_tokens`` of the prompt holds: the hash of the last
+        chunk it covers (0: less than a chunk)."""
+        if self.chunk_tokens <= 0:
+            return 0
+        chunks = int(matched_tokens / self.chunk_tokens)
+        if chunks > len(self.hashes):
+            chunks = len(self.hashes)
+        return self.hashes[chunks - 1] if chunks > 0 else 0
+
+    def __repr__(self) -> str:
+        return f"PrefixRent(hashes={len(self.hashes)} chunks, chunk_tokens={self.chunk_tokens!r})"
 
 
 class Decision:
@@ -205,9 +241,13 @@ class Decision:
     ``prediction`` (node, index mode, predicted cached tokens) is set by the gateway, only when the
     decision consulted the prefix index for this very request: the request record and the
     predicted-vs-actual metrics compare it with what the node reports.
+
+    ``rent_key`` (gorgo's homing, ``routing.state.homing``): the prefix this decision paid rent for
+    (``rent_ms``: it went abroad for a prefix its region does not hold) or brought home
+    (``homed``: it stays home to cache the prefix there); 0 when neither.
     """
 
-    __slots__ = ("cost", "node", "prediction", "runner_up")
+    __slots__ = ("cost", "homed", "node", "prediction", "rent_key", "rent_ms", "runner_up")
 
     def __init__(
         self,
@@ -215,14 +255,28 @@ class Decision:
         cost: CostTerms | None = None,
         runner_up: CostTerms | None = None,
         prediction: tuple[int, str, int] | None = None,
+        rent_key: int = 0,
+        rent_ms: float = 0.0,
+        homed: bool = False,
     ) -> None:
         self.node: Final = node
         self.cost: Final = cost
         self.runner_up: Final = runner_up
         self.prediction: Final = prediction
+        self.rent_key: Final = rent_key
+        self.rent_ms: Final = rent_ms
+        self.homed: Final = homed
 
     def _fields(self) -> tuple[object, ...]:
-        return (self.node, self.cost, self.runner_up, self.prediction)
+        return (
+            self.node,
+            self.cost,
+            self.runner_up,
+            self.prediction,
+            self.rent_key,
+            self.rent_ms,
+            self.homed,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Decision) or other.__class__ is not self.__class__:
@@ -235,7 +289,8 @@ class Decision:
     def __repr__(self) -> str:
         return (
             f"Decision(node={self.node!r}, cost={self.cost!r}, runner_up={self.runner_up!r}, "
-            f"prediction={self.prediction!r})"
+            f"prediction={self.prediction!r}, rent_key={self.rent_key!r}, rent_ms={self.rent_ms!r}, "
+            f"homed={self.homed!r})"
         )
 
 

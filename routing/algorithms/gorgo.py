@@ -77,7 +77,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
+from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, PrefixRent, RoutingRequest, RoutingView
 from routing.contract import CostTerms, GorgoParams, NodeLiveState, NodeSpec
 
 # Final: compiled, a constant is inlined where a plain module global is a dict lookup per use.
@@ -94,6 +94,8 @@ TIE_BAND_MS: Final = 2.0
 # prefill, how long it stays there: turns the requests outstanding there into their arrival rate
 # (Little's law) for the displacement term.
 RESIDENCE_MS: Final = 1000.0
+# Homing (``_homing``) buys a prefix home only while the home node's queue is below this.
+HOMING_IDLE_QUEUE_MS: Final = TIE_BAND_MS
 
 _DEFAULT_PARAMS: Final = GorgoParams()
 
@@ -132,7 +134,9 @@ def choose_with(
     """``choose`` under ``params`` whatever ``view.params`` says: a shadow decides on the live view
     without a second ``RoutingView`` (issue 23), and without the runner-up it does not log."""
     totals, rows, full = _evaluate(view, request, guards, params, False)
-    return _decide(totals, rows, full, params.w_displacement, guards, view, runner_up)
+    return _decide(
+        totals, rows, full, params.w_displacement, guards, view, runner_up, params.homing_rent_ratio
+    )
 
 
 def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams) -> tuple[Decision, Decision]:
@@ -157,8 +161,8 @@ def choose_twice(view: RoutingView, request: RoutingRequest, other: GorgoParams)
         for row in other_rows
     ]
     return (
-        _decide(totals, rows, full, params.w_displacement, ALL_GUARDS, view, True),
-        _decide(reweighed, other_rows, full, w_displacement, ALL_GUARDS, view, True),
+        _decide(totals, rows, full, params.w_displacement, ALL_GUARDS, view, True, params.homing_rent_ratio),
+        _decide(reweighed, other_rows, full, w_displacement, ALL_GUARDS, view, True, other.homing_rent_ratio),
     )
 
 
@@ -199,7 +203,7 @@ def choose_and_price(
     pricing_w_displacement = priced.w_displacement
     pricing_default_rtt_ms = priced.default_rtt_ms
     totals, rows, full = _evaluate(view, request, ALL_GUARDS, params, pricing_w_displacement != 0.0)
-    decision = _decide(totals, rows, full, w_displacement, ALL_GUARDS, view, False)
+    decision = _decide(totals, rows, full, w_displacement, ALL_GUARDS, view, False, weights.homing_rent_ratio)
     if (
         decision.node is node
         and priced.w_rtt == weights.w_rtt
@@ -290,10 +294,11 @@ class _Weights:
     """A ``GorgoParams``' numbers, read once per parameters object (a snapshot keeps one for its
     life): compiled, a msgspec struct's attribute is a generic lookup, this class's a load."""
 
-    __slots__ = ("default_rtt_ms", "params", "w_displacement", "w_queue", "w_rtt")
+    __slots__ = ("default_rtt_ms", "homing_rent_ratio", "params", "w_displacement", "w_queue", "w_rtt")
 
     def __init__(self, params: GorgoParams) -> None:
         self.params: Final = params  # held: its id cannot be reused while the entry lives
+        self.homing_rent_ratio: Final = params.homing_rent_ratio
         self.w_rtt: Final = params.w_rtt
         self.w_queue: Final = params.w_queue
         self.w_displacement: Final = params.w_displacement
@@ -498,8 +503,10 @@ def _decide(
     guards: Guards,
     view: RoutingView,
     with_runner_up: bool,
+    homing_rent_ratio: float,
 ) -> Decision:
-    """The cheapest row (ties spread), past the capacity guard; with the runner-up's terms."""
+    """The cheapest row (ties spread), past the capacity guard; with the runner-up's terms; a
+    forward for a prefix cached only abroad pays rent or, once paid up, stays home (``_homing``)."""
     count = len(totals)
     # None: every candidate (the usual case, scanned at C speed); else those with room.
     room = (
@@ -508,6 +515,28 @@ def _decide(
         else None
     )
     winner = _pick(room, totals, rows, guards.spread_ties, view)
+    rent_key = 0
+    rent_ms = 0.0
+    homed = False
+    prefix = view.prefix
+    if prefix is not None and homing_rent_ratio > 0.0 and count > 1:
+        regions = _fleet(view.candidates).regions
+        if regions[winner] != view.region:
+            home, rent_key, rent_ms = _homing(totals, rows, regions, winner, view, prefix, homing_rent_ratio)
+            if home >= 0:
+                # Paid up: this request stays home and caches the prefix there; the forward it
+                # would have been is its runner-up.
+                homed = True
+                winner, runner_up = home, winner
+                return Decision(
+                    node=rows[winner].node,
+                    cost=_terms(totals[winner], rows[winner], w_displacement),
+                    runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement)
+                    if with_runner_up
+                    else None,
+                    rent_key=rent_key,
+                    homed=homed,
+                )
     runner_up = -1
     if with_runner_up:
         if room is not None and len(room) > 1:
@@ -526,7 +555,62 @@ def _decide(
         node=rows[winner].node,
         cost=_terms(totals[winner], rows[winner], w_displacement),
         runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement) if runner_up >= 0 else None,
+        rent_key=rent_key,
+        rent_ms=rent_ms,
     )
+
+
+def _homing(
+    totals: list[float],
+    rows: list[_Row],
+    regions: tuple[str, ...],
+    winner: int,
+    view: RoutingView,
+    prefix: PrefixRent,
+    ratio: float,
+) -> tuple[int, int, float]:
+    """A forward that only the cache decides (the prefix is held abroad, not at home): the rent it
+    pays, or the home node it stays on instead once its prefix's rent is paid up.
+
+    Returns (home index or -1, prefix key or 0, rent in ms). Rent is what this request would have
+    saved at the best home node had that node held the prefix too; the price of bringing it home is
+    this request's own extra wait there plus the wait its prefill adds for the home region's own
+    arrivals (the displacement term's formula, at home). Buying when the rent reaches ``ratio``
+    times the price is ski rental (``routing.state.homing``). It buys only while the home node has
+    no queue (``HOMING_IDLE_QUEUE_MS``): a long prefill queued behind others makes every later
+    arrival there wait too, and a busy home region is the overflow's case, not this one's.
+    """
+    home = -1
+    home_total = math.inf
+    here = view.region
+    for index, row in enumerate(rows):
+        if regions[index] == here and not row.full and totals[index] < home_total:
+            home, home_total = index, totals[index]
+    if home < 0:
+        return -1, 0, 0.0
+    abroad = rows[winner]
+    at_home = rows[home]
+    extra_tokens = at_home.uncached - abroad.uncached
+    if extra_tokens <= 0 or at_home.uncached <= 0:
+        return -1, 0, 0.0
+    extra_ms = at_home.prefill_ms * extra_tokens / at_home.uncached
+    rent_ms = totals[winner] - (home_total - extra_ms)  # what a home node holding it would save
+    if rent_ms <= 0.0:
+        return -1, 0, 0.0  # home loses even with the prefix: the queue or RTT decides, not the cache
+    key = prefix.key(abroad.matched)
+    if not key:
+        return -1, 0, 0.0
+    if at_home.queue_ms <= HOMING_IDLE_QUEUE_MS:
+        price_ms = home_total - totals[winner]
+        if price_ms < 0.0:
+            price_ms = 0.0
+        load = view.load.get(at_home.node_id)
+        if load is not None and load.home_requests:
+            # The home region's arrivals while the prefix is prefilled there wait half of it each.
+            price_ms += load.home_requests / (RESIDENCE_MS + extra_ms) * extra_ms * extra_ms / 2
+        if prefix.owed.get(key, 0.0) >= ratio * price_ms:
+            return home, key, 0.0
+    return -1, key, rent_ms
 
 
 class _Row:

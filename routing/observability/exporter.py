@@ -244,6 +244,22 @@ class GatewayMetrics:
             "Requests refused (503) by the admission queue, by priority and reason (full, timeout).",
             ("priority", "reason"),
         )
+        # gorgo's homing (routing/state/homing.py): what forwards for prefixes held only abroad paid,
+        # and how many such prefixes were brought home
+        self._prefix_rent = LoopCounter(
+            "gorgo_gateway_prefix_rent_seconds",
+            "Estimated TTFT that requests sent abroad for a prefix their region does not hold paid "
+            "for it (gorgo's homing rent).",
+            (),
+        )
+        self._prefixes_homed = LoopCounter(
+            "gorgo_gateway_prefixes_homed",
+            "Prompt prefixes held only abroad that a request stayed home to cache (gorgo's homing).",
+            (),
+        )
+        # Without labels a counter has its one series from the start, as prometheus_client's does.
+        self._prefix_rent.inc((), 0.0)
+        self._prefixes_homed.inc((), 0.0)
         for family in (
             self._requests,
             self._ttft,
@@ -256,6 +272,8 @@ class GatewayMetrics:
             self._retries,
             self._queue_wait,
             self._queue_rejected,
+            self._prefix_rent,
+            self._prefixes_homed,
         ):
             self.registry.register(family)
 
@@ -268,6 +286,12 @@ class GatewayMetrics:
 
     def observe_decision(self, seconds: float) -> None:
         self._decision.observe((), seconds)
+
+    def prefix_rent(self, rent_ms: float) -> None:
+        self._prefix_rent.inc((), rent_ms / 1000.0)
+
+    def prefix_homed(self) -> None:
+        self._prefixes_homed.inc(())
 
     def queue_wait(self, priority: str, seconds: float) -> None:
         self._queue_wait.observe(priority, seconds)

@@ -26,7 +26,8 @@ from functools import partial
 from typing import Final
 
 from routing.algorithms import least_load
-from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
+from routing.algorithms.base import AlgorithmInfo, Decision, PrefixRent, RoutingRequest, RoutingView
+from routing.cache.approx_index import CHUNK_BYTES
 from routing.cache.parsed import ParsedRequest
 from routing.cache.prompt import (
     DEFAULT_CHARS_PER_TOKEN,
@@ -56,6 +57,7 @@ from routing.proxy.shadow import decide_with_shadow
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.resilience.retry import Retrier
+from routing.state.homing import HomingLedger
 from routing.state.inflight import InFlight
 from routing.state.policy_store import PolicyStore
 from routing.state.table import RoutingTable
@@ -135,6 +137,9 @@ class Proxy:
         self._gateway_id = config.gateway_id
         self._max_body_bytes = config.max_body_bytes
         self._sequence = 0
+        # What this gateway's region paid for prefixes cached only abroad (gorgo's homing); its
+        # rent fades as time passes (``fade_to`` before each decision that reads it)
+        self._homing = HomingLedger()
         # The candidates' node ids for the prefix index, for the last candidate tuple seen
         self._ids_of: tuple[tuple[NodeSpec, ...], tuple[int, ...]] = ((), ())
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
@@ -279,6 +284,9 @@ class Proxy:
             else:
                 matched = self._cache_index.match(node_ids, prompt_text)
         self._sequence += 1
+        homing = uses_index and table.homes_prefixes
+        if homing:
+            self._homing.fade_to(time.monotonic())
         view = RoutingView(
             table.region,
             candidates,
@@ -289,6 +297,15 @@ class Proxy:
             matched,
             self._sequence,
             self._gateway_id,
+            # gorgo's homing: the prompt's chunk hashes (matched above, kept for the record) and
+            # what this region has paid for prefixes cached only abroad
+            PrefixRent(
+                self._cache_index.text_hashes(prompt_text),
+                CHUNK_BYTES / self._chars_per_token.value,
+                self._homing.owed,
+            )
+            if homing
+            else None,
         )
         if exchange is not None and table.shadow is not None:
             decision, exchange.shadow = decide_with_shadow(
@@ -296,6 +313,13 @@ class Proxy:
             )
         else:
             decision = algorithm.choose(view, request)
+        if decision.rent_key:
+            if decision.homed:
+                self._homing.settle(decision.rent_key)
+                self._metrics.prefix_homed()
+            else:
+                self._homing.pay(decision.rent_key, decision.rent_ms)
+                self._metrics.prefix_rent(decision.rent_ms)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
             if exchange is not None:
@@ -306,7 +330,15 @@ class Proxy:
             prediction = getattr(self._cache_index, "last_prediction", None)
             if prediction is not None:
                 # Not dataclasses.replace: that costs microseconds a request (issue 23's budget).
-                decision = Decision(decision.node, decision.cost, decision.runner_up, prediction)
+                decision = Decision(
+                    decision.node,
+                    decision.cost,
+                    decision.runner_up,
+                    prediction,
+                    decision.rent_key,
+                    decision.rent_ms,
+                    decision.homed,
+                )
         return decision
 
     def _canary_route(

@@ -167,6 +167,8 @@ class RequestOutcome:
             else None,  # shadow_node_region
             # shadow_cost: left out when it is the live side's terms (RequestRecord.shadow_terms)
             shadow.cost if shadow is not None and shadow.cost is not shadow.live_cost else None,
+            decision.rent_ms if decision is not None else 0.0,  # rent_ms
+            decision.homed if decision is not None else False,  # homed
         )
 
     def _observe_cache(

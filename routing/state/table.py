@@ -51,6 +51,9 @@ class RoutingTable:
     shadow: TrialRoute | None = None  # decides beside the live policy, serves nothing (issue 23)
     canary: TrialRoute | None = None  # serves the sessions its hash picks (issue 23)
     uses_prefix_index: bool = False  # some policy here (live, shadow, canary) needs prefix matches
+    # some policy here brings prefixes home (gorgo's ``homing_rent_ratio``): the view carries the
+    # prompt's prefix and its rent (``routing.state.homing``)
+    homes_prefixes: bool = False
 
     @property
     def version(self) -> int:
@@ -125,5 +128,9 @@ def build_table(
         uses_prefix_index=any(
             info.needs_prefix_matches
             for info in (algorithm, *(trial.algorithm for trial in (shadow, canary) if trial is not None))
+        ),
+        homes_prefixes=any(
+            getattr(each, "homing_rent_ratio", 0.0) > 0.0
+            for each in (params, *(trial.params for trial in (shadow, canary) if trial is not None))
         ),
     )

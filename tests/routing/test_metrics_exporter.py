@@ -99,6 +99,17 @@ def _reference() -> tuple[CollectorRegistry, dict[str, Counter | Histogram]]:
             ("priority", "reason"),
             registry=registry,
         ),
+        "prefix_rent": Counter(
+            "gorgo_gateway_prefix_rent_seconds",
+            "Estimated TTFT that requests sent abroad for a prefix their region does not hold paid "
+            "for it (gorgo's homing rent).",
+            registry=registry,
+        ),
+        "prefixes_homed": Counter(
+            "gorgo_gateway_prefixes_homed",
+            "Prompt prefixes held only abroad that a request stayed home to cache (gorgo's homing).",
+            registry=registry,
+        ),
     }
     return registry, families
 
@@ -138,6 +149,11 @@ def test_it_writes_what_prometheus_clients_objects_would() -> None:
     ref["rate_limited"].labels("k1", "requests").inc()
     metrics.upstream_error("gpu-a", "timeout")
     ref["upstream_errors"].labels("gpu-a", "timeout").inc()
+    metrics.prefix_rent(125.0)
+    metrics.prefix_rent(0.5)
+    ref["prefix_rent"].inc(0.1255)
+    metrics.prefix_homed()
+    ref["prefixes_homed"].inc()
 
     ours = _without_created_values(metrics.render().decode())
     theirs = _without_created_values(generate_latest(registry).decode())
