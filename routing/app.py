@@ -54,6 +54,7 @@ from routing.proxy.handler import Proxy
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.state.inflight import InFlight
+from routing.state.measured import MeasuredInputs
 from routing.state.policy_store import PolicyStore, make_redis
 from routing.state.sharing import GatewaySharing
 from routing.state.table import RoutingTable
@@ -201,6 +202,7 @@ class Gateway:
             on_peer_load=inflight.set_peer_load,
         )
         metrics = GatewayMetrics()
+        measured = MeasuredInputs()
         breakers = Breakers(
             failure_threshold=config.breaker_failures,
             open_s=config.node_down_cooldown_s,
@@ -251,6 +253,7 @@ class Gateway:
                 client_stats=lambda: _client_stats_of(self.client_stats),
                 timeouts=lambda: metrics.timeout_counts,
                 queue_lengths=admission.lengths,
+                measured=lambda: (measured.rtt_ms, measured.speeds),
             )
         )
         tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)
@@ -270,6 +273,7 @@ class Gateway:
             prober,
             tracing,
             tokenizers=self.tokenizers,
+            measured=measured,
         )
         self.runtime = Runtime(
             redis,

@@ -214,6 +214,10 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     # times the price of caching it at home in round trips (docs/routing.md, "Bringing a prefix
     # home"); 0: never (every request goes where it is cheapest for itself).
     homing_rent_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 3.0
+    # Route on what each gateway measures of a node from its own answers (its round trip, its
+    # prefill speed) in place of the probed RTT and the configured prefill speed, once measured
+    # (routing/state/measured.py); false: on the told values only.
+    measured_inputs: bool = True
 
 
 # The one list of routing algorithms: each params struct's ``tag`` is its algorithm's name and its
@@ -620,6 +624,10 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     # stayed home to cache that prefix there instead (its ``runner_up`` is the forward it skipped)
     rent_ms: float = 0.0
     homed: bool = False
+    # when the request left for the node -> when the node's response head came back (ms): for a
+    # stream, the round trip and the node's intake (vLLM sends a stream's head before its first
+    # token); for a whole answer, its whole time. None: no response (an error before one).
+    head_ms: float | None = None
 
     @property
     def shadow_terms(self) -> CostTerms | None:

@@ -64,7 +64,9 @@ MODULES = (
     "routing.resilience.breaker",
     "routing.resilience.node_probe",
     "routing.resilience.retry",
+    "routing.state.homing",
     "routing.state.inflight",
+    "routing.state.measured",
     "routing.state.table",
 )
 GROUP = "gorgo_native"  # the shared library's name: gorgo_native__mypyc

@@ -81,7 +81,7 @@ class TestParamsErrors:
         assert errors == {
             "w_rtt": "Must be at most 100.",
             "w_queue": "Must be a number.",
-            "bogus": "Not a parameter of gorgo (its parameters: w_rtt, w_queue, default_rtt_ms, chars_per_token, w_displacement, homing_rent_ratio).",
+            "bogus": "Not a parameter of gorgo (its parameters: w_rtt, w_queue, default_rtt_ms, chars_per_token, w_displacement, homing_rent_ratio, measured_inputs).",
         }
 
     def test_it_explains_bounds_whole_numbers_lengths_and_patterns(self) -> None:

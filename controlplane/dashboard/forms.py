@@ -33,6 +33,8 @@ PARAM_HELP: dict[str, dict[str, str]] = {
         "clients (coordinated overflow); 0 lets every request think only of itself.",
         "homing_rent_ratio": "A prompt family cached only abroad comes home once its region's requests "
         "have paid this many times the price of caching it at home in round trips; 0: never.",
+        "measured_inputs": "Route on what each gateway measures of a node from its own answers (its round "
+        "trip, its prefill speed) instead of the probed RTT and configured speed, once measured.",
     },
     "prefix_affinity": {
         "cache_threshold": "Follow the longest cached prefix only when it covers at least this share of "
@@ -56,6 +58,7 @@ PARAM_LABELS: dict[str, str] = {
     "chars_per_token": "Characters per token",
     "w_displacement": "Displacement weight",
     "homing_rent_ratio": "Homing rent ratio",
+    "measured_inputs": "Measured inputs",
     "scope": "Scope",
     "cache_threshold": "Cache-match threshold",
     "balance_abs_threshold": "Imbalance, absolute",
@@ -109,6 +112,14 @@ def _build_param_field(algorithm: str, info: msgspec.inspect.Field) -> forms.Fie
         field: forms.Field = forms.FloatField(widget=forms.NumberInput(attrs={"step": "any"}), **options)
     elif isinstance(info.type, msgspec.inspect.IntType):
         field = forms.IntegerField(**options)
+    elif isinstance(info.type, msgspec.inspect.BoolType):
+        # A choice, not a check box: an unticked box cannot tell "no" from "the default".
+        field = forms.TypedChoiceField(
+            choices=[("", "(default)"), ("true", "yes"), ("false", "no")],
+            coerce=lambda value: value == "true",
+            empty_value=None,
+            **{**options, "initial": "true" if info.default else "false"},
+        )
     else:
         field = forms.CharField(**options)
     field.initial_default = info.default
@@ -239,7 +250,8 @@ class PolicyForm(forms.ModelForm):
         current = self.instance.params if isinstance(self.instance.params, dict) else {}
         for ref, field in param_fields():
             if ref.algorithm == self.instance.algorithm and ref.name in current:
-                field.initial = current[ref.name]
+                value = current[ref.name]
+                field.initial = ("true" if value else "false") if isinstance(value, bool) else value
             self.fields[ref.form_name] = field
             self.param_refs.append(ref)
 

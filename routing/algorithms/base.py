@@ -121,6 +121,7 @@ class RoutingView:
         "live",
         "load",
         "matched_tokens",
+        "ms_per_token",
         "params",
         "prefix",
         "region",
@@ -140,6 +141,9 @@ class RoutingView:
         sequence: int = 0,  # a per-gateway request counter (round robin)
         gateway_id: str = "",  # this gateway; lets cost ties spread differently on each gateway (gorgo)
         prefix: PrefixRent | None = None,  # the prompt's prefix and its rent (gorgo's homing)
+        # node id -> milliseconds per prefill token this gateway measured (routing.state.measured),
+        # in place of the node's configured speed where present
+        ms_per_token: Mapping[int, float] | None = None,
     ) -> None:
         self.region: Final = region
         self.candidates: Final = candidates
@@ -151,6 +155,7 @@ class RoutingView:
         self.sequence: Final = sequence
         self.gateway_id: Final = gateway_id
         self.prefix: Final = prefix
+        self.ms_per_token: Final = ms_per_token
 
     def load_of(self, node_id: int) -> NodeLoad:
         return self.load.get(node_id, _NO_LOAD)
@@ -168,6 +173,7 @@ class RoutingView:
             self.sequence,
             self.gateway_id,
             self.prefix,
+            self.ms_per_token,
         )
 
     def _fields(self) -> tuple[object, ...]:
@@ -182,6 +188,7 @@ class RoutingView:
             self.sequence,
             self.gateway_id,
             self.prefix,
+            self.ms_per_token,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -197,7 +204,7 @@ class RoutingView:
             f"RoutingView(region={self.region!r}, candidates={self.candidates!r}, params={self.params!r}, "
             f"load={self.load!r}, rtt_ms={self.rtt_ms!r}, live={self.live!r}, "
             f"matched_tokens={self.matched_tokens!r}, sequence={self.sequence!r}, "
-            f"gateway_id={self.gateway_id!r}, prefix={self.prefix!r})"
+            f"gateway_id={self.gateway_id!r}, prefix={self.prefix!r}, ms_per_token={self.ms_per_token!r})"
         )
 
 

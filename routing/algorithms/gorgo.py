@@ -366,6 +366,10 @@ def _evaluate(
     matched_map = view.matched_tokens
     matched_tokens: dict[int, int] = matched_map if isinstance(matched_map, dict) else dict(matched_map)
     with_live = bool(lives)
+    measured_map = view.ms_per_token
+    speeds: dict[int, float] | None = (
+        None if not measured_map else measured_map if isinstance(measured_map, dict) else dict(measured_map)
+    )
     capacity_guard = guards.capacity
     # Per region slot: outstanding requests, for the hot-prefix guard (a node against its
     # region's others). Only when some node has cache credit to lose.
@@ -400,6 +404,10 @@ def _evaluate(
                 scraped = live.num_running + (live.num_waiting or 0.0)
                 if scraped > running:
                     running = scraped
+        if speeds is not None:
+            measured = speeds.get(node_id)
+            if measured is not None:
+                ms_per_token = measured  # what this gateway measured of the node, not what it was told
         is_full = capacity_guard and requests >= capacity
         if is_full:
             full.append(len(rows))

@@ -341,7 +341,9 @@ class StateCollector(Collector):
         client_stats: Callable[[], tuple[int, int, int, int, int, int]] | None = None,
         timeouts: Callable[[], dict[str, int]] | None = None,
         queue_lengths: Callable[[], dict[str, int]] | None = None,
+        measured: Callable[[], tuple[dict[int, float], dict[int, float]]] | None = None,
     ) -> None:
+        self._measured = measured
         self._queue_lengths = queue_lengths
         self._client_stats = client_stats
         self._timeouts = timeouts
@@ -402,6 +404,26 @@ class StateCollector(Collector):
                 "Prompt characters per node token the gateway estimates with (learned from usage).",
                 value=self._chars_per_token(),
             )
+        if self._measured is not None:
+            rtt_ms, ms_per_token = self._measured()
+            rtt = GaugeMetricFamily(
+                "gorgo_gateway_node_measured_rtt_seconds",
+                "Round trip to a node as this gateway measures it (request sent to a stream's response "
+                "head, a low quantile); gorgo routes on it in place of the probed RTT.",
+                labels=["node"],
+            )
+            for node_id, value in sorted(rtt_ms.items()):
+                rtt.add_metric([names.get(node_id, str(node_id))], value / 1000.0)
+            yield rtt
+            speed = GaugeMetricFamily(
+                "gorgo_gateway_node_measured_prefill_tokens_per_second",
+                "Prefill speed of a node as this gateway measures it (from its answers' head to first "
+                "token); gorgo routes on it in place of the configured speed.",
+                labels=["node"],
+            )
+            for node_id, value in sorted(ms_per_token.items()):
+                speed.add_metric([names.get(node_id, str(node_id))], 1000.0 / value)
+            yield speed
         if self._queue_lengths is not None:
             lengths = GaugeMetricFamily(
                 "gorgo_gateway_queue_length",

@@ -33,6 +33,7 @@ class Exchange:
         "error",
         "finished",
         "grant",
+        "head_s",
         "key",
         "lease",
         "parsed",
@@ -67,6 +68,9 @@ class Exchange:
         self.lease: Lease | None = None
         self.routing_s = 0.0
         self.sent_s: float | None = None
+        # when the node's response head arrived (perf_counter s): a stream's head leaves the node
+        # before its first token (vLLM's too), so head - sent is the round trip and the intake
+        self.head_s: float | None = None
         self.ttft_s: float | None = None
         self.status = 0
         self.stream = False

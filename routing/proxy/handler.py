@@ -59,6 +59,7 @@ from routing.resilience.node_probe import NodeProber
 from routing.resilience.retry import Retrier
 from routing.state.homing import HomingLedger
 from routing.state.inflight import InFlight
+from routing.state.measured import MeasuredInputs
 from routing.state.policy_store import PolicyStore
 from routing.state.table import RoutingTable
 from routing.state.trials import TrialRoute, in_canary
@@ -126,6 +127,7 @@ class Proxy:
         prober: NodeProber | None = None,
         tracing: GatewayTracing | None = None,
         tokenizers: Tokenizers | None = None,
+        measured: MeasuredInputs | None = None,
     ) -> None:
         self._store = store
         self._inflight = inflight
@@ -140,6 +142,9 @@ class Proxy:
         # What this gateway's region paid for prefixes cached only abroad (gorgo's homing); its
         # rent fades as time passes (``fade_to`` before each decision that reads it)
         self._homing = HomingLedger()
+        # What this gateway measured of each node from its answers (gorgo's measured_inputs):
+        # fed by the outcome after each streamed answer, read by the view
+        self._measured = measured if measured is not None else MeasuredInputs()
         # The candidates' node ids for the prefix index, for the last candidate tuple seen
         self._ids_of: tuple[tuple[NodeSpec, ...], tuple[int, ...]] = ((), ())
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
@@ -152,7 +157,7 @@ class Proxy:
         self._retrier = Retrier(config, client, inflight, metrics, cache_index, self._breakers, prober)
         self._relay = Relay(config.upstream_idle_timeout_s, self._breakers, metrics, tracing)
         self._outcome = RequestOutcome(
-            config, request_log, metrics, cache_index, self._chars_per_token, tracing
+            config, request_log, metrics, cache_index, self._chars_per_token, tracing, self._measured
         )
 
     async def handle(self, client: ClientRequest, endpoint: Endpoint) -> None:
@@ -285,14 +290,21 @@ class Proxy:
                 matched = self._cache_index.match(node_ids, prompt_text)
         self._sequence += 1
         homing = uses_index and table.homes_prefixes
-        if homing:
-            self._homing.fade_to(time.monotonic())
+        measured = self._measured
+        measures = table.measures_inputs
+        if homing or measures:
+            now_s = time.perf_counter()
+            if homing:
+                self._homing.fade_to(now_s)
+            if measures:
+                measured.expire(now_s)
         view = RoutingView(
             table.region,
             candidates,
             table.snapshot.policy.params if route is None else route.params,
             self._inflight.load_view(),
-            table.rtt_ms,
+            # the round trips this gateway measured in place of the probed ones (routing.state.measured)
+            measured.rtt_view(table.rtt_ms) if measures else table.rtt_ms,
             table.live,
             matched,
             self._sequence,
@@ -306,6 +318,7 @@ class Proxy:
             )
             if homing
             else None,
+            measured.speeds if measures and measured.speeds else None,
         )
         if exchange is not None and table.shadow is not None:
             decision, exchange.shadow = decide_with_shadow(

@@ -17,12 +17,13 @@ from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import PrefixIndex
 from routing.cache.token_ratio import CharsPerToken
 from routing.config import GatewayConfig
-from routing.contract import PREFIX_HASHES_MAX, SCHEMA_VERSION, RequestRecord
+from routing.contract import PREFIX_HASHES_MAX, SCHEMA_VERSION, NodeSpec, RequestRecord
 from routing.http.usage import PromptTokensDetails, Usage
 from routing.observability.exporter import NO_NODE, GatewayMetrics
 from routing.observability.request_log import RequestLog
 from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
+from routing.state.measured import MeasuredInputs
 
 logger = logging.getLogger("routing.proxy")  # the logger name operators filter on, kept across moves
 
@@ -38,7 +39,9 @@ class RequestOutcome:
         cache_index: PrefixIndex,
         chars_per_token: CharsPerToken,
         tracing: GatewayTracing | None,
+        measured: MeasuredInputs | None = None,
     ) -> None:
+        self._measured = measured
         self._region = config.region
         self._gateway_id = config.gateway_id
         self._request_log = request_log
@@ -84,6 +87,16 @@ class RequestOutcome:
                 record = getattr(self._cache_index, "record_outcome", None)
                 if record is not None:
                     record(node.id, prediction[1], prediction[2], details.cached_tokens)
+            head_s = exchange.head_s
+            if (
+                head_s is not None
+                and exchange.stream
+                and exchange.status == 200
+                and node is not None
+                and self._measured is not None
+                and exchange.sent_s
+            ):
+                self._measure(exchange, node, head_s, exchange.sent_s, usage, details)
             if (
                 usage is not None
                 and usage.prompt_tokens
@@ -104,6 +117,45 @@ class RequestOutcome:
                 self._request_log.submit_later(partial(self._record, exchange, total_s))
         except Exception:
             logger.exception("could not record request %s", exchange.request_id)
+
+    def _measure(
+        self,
+        exchange: Exchange,
+        node: NodeSpec,
+        head_s: float,
+        sent_s: float,
+        usage: Usage | None,
+        details: PromptTokensDetails | None,
+    ) -> None:
+        """A streamed answer: its round trip, and its prefill time when no queue was known ahead."""
+        assert self._measured is not None
+        node_ms: float | None = None
+        uncached: int | None = None
+        cost = exchange.decision.cost if exchange.decision is not None else None
+        ttft_s = exchange.ttft_s
+        if (
+            ttft_s is not None
+            and usage is not None
+            and usage.prompt_tokens is not None
+            and details is not None
+            and details.cached_tokens is not None
+            and cost is not None
+            and cost.node_id == node.id
+            and cost.queue_ms <= 0.0
+        ):
+            prompt_tokens = usage.prompt_tokens
+            assert prompt_tokens is not None
+            node_ms = (exchange.arrival_s + ttft_s - head_s) * 1000
+            uncached = prompt_tokens - details.cached_tokens
+        rate = node.prefill_tokens_per_s
+        self._measured.observe(
+            node.id,
+            head_s,
+            (head_s - sent_s) * 1000,
+            node_ms,
+            uncached,
+            1000.0 / rate if rate > 0 else 1.0,
+        )
 
     def _record(self, exchange: Exchange, total_s: float) -> RequestRecord:
         """The request's record for the stream (built off the request path, see ``finish``)."""
@@ -169,6 +221,9 @@ class RequestOutcome:
             shadow.cost if shadow is not None and shadow.cost is not shadow.live_cost else None,
             decision.rent_ms if decision is not None else 0.0,  # rent_ms
             decision.homed if decision is not None else False,  # homed
+            (exchange.head_s - exchange.sent_s) * 1000
+            if exchange.head_s is not None and exchange.sent_s
+            else None,  # head_ms
         )
 
     def _observe_cache(

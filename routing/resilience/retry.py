@@ -61,6 +61,7 @@ class Attempt(Protocol):
     prediction: tuple[int, str, int] | None
     lease: Lease | None
     sent_s: float | None
+    head_s: float | None
     client_gone: bool
 
 
@@ -169,6 +170,7 @@ class Retrier:
                     502, f"Node {node.name} sent an invalid response.", node_name=node.name
                 ) from None
             else:
+                attempt.head_s = time.perf_counter()
                 if response.status < 500:
                     breakers.success(node.id)
                     return response

@@ -54,6 +54,9 @@ class RoutingTable:
     # some policy here brings prefixes home (gorgo's ``homing_rent_ratio``): the view carries the
     # prompt's prefix and its rent (``routing.state.homing``)
     homes_prefixes: bool = False
+    # the live policy routes on what the gateway measured (gorgo's ``measured_inputs``): its RTTs and
+    # prefill speeds (``routing.state.measured``) go into the view in place of the told ones
+    measures_inputs: bool = False
 
     @property
     def version(self) -> int:
@@ -129,6 +132,7 @@ def build_table(
             info.needs_prefix_matches
             for info in (algorithm, *(trial.algorithm for trial in (shadow, canary) if trial is not None))
         ),
+        measures_inputs=bool(getattr(params, "measured_inputs", False)),
         homes_prefixes=any(
             getattr(each, "homing_rent_ratio", 0.0) > 0.0
             for each in (params, *(trial.params for trial in (shadow, canary) if trial is not None))

@@ -28,6 +28,7 @@ def test_it_validates_without_publishing(viewer_client, policy, redis_conn, cp_k
         "chars_per_token": 4.0,
         "w_displacement": 1.0,
         "homing_rent_ratio": 3.0,
+        "measured_inputs": True,
     }
     assert summary["nodes"] == {"total": 6, "active": 6, "draining": 0, "disabled": 0}
     assert len(summary["routable_nodes"]) == 6

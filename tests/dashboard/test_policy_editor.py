@@ -135,3 +135,25 @@ def test_it_records_nothing_when_only_defaults_were_spelled_out(
     response = operator_client.post(f"/policies/{policy.pk}/edit/", form_data(), follow=True)
     assert [str(m) for m in response.context["messages"]] == ["Nothing changed."]
     assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_it_edits_a_yes_or_no_parameter(operator_client: Client, policy: RoutingPolicy) -> None:
+    """gorgo's ``measured_inputs``: "no" is saved, "yes" (the default) and "(default)" leave it to the
+    contract, anything else is refused next to the field; the form shows what is saved."""
+    no = form_data(param_gorgo_measured_inputs="false")
+    assert operator_client.post(f"/policies/{policy.pk}/edit/", no).status_code == 302
+    policy.refresh_from_db()
+    assert policy.params == {"measured_inputs": False}  # w_rtt 1.0 is the default: left out
+    html = operator_client.get(f"/policies/{policy.pk}/edit/").content.decode()
+    assert '<option value="false" selected>no</option>' in html
+    for default in ("true", ""):
+        data = form_data(param_gorgo_measured_inputs=default)
+        assert operator_client.post(f"/policies/{policy.pk}/edit/", data).status_code == 302
+        policy.refresh_from_db()
+        assert "measured_inputs" not in policy.params
+    response = operator_client.post(
+        f"/policies/{policy.pk}/edit/", form_data(param_gorgo_measured_inputs="maybe")
+    )
+    assert response.status_code == 200
+    assert list(response.context["form"].errors) == ["param_gorgo_measured_inputs"]

@@ -169,6 +169,7 @@ def test_the_record_carries_every_field_where_its_name_says(redis_url, redis_key
     exchange.stream = True
     exchange.routing_s = 0.000017
     exchange.sent_s = 100.002
+    exchange.head_s = 100.0111
     exchange.ttft_s = 0.035
     exchange.bytes_out = 4_321
     exchange.error = "a distinct error"
@@ -232,6 +233,7 @@ def test_the_record_carries_every_field_where_its_name_says(redis_url, redis_key
         shadow_cost=shadow_cost,
         rent_ms=45.5,
         homed=True,
+        head_ms=pytest.approx(9.1),
     )
     assert record.prefix_hashes  # the prompt is longer than a chunk
     for field in RequestRecord.__struct_fields__:

@@ -51,6 +51,7 @@ class StubNode:
     metrics: str | Callable[[], str] = FIXTURE_METRICS
     health_status: int = 200
     api_status: int = 200  # the OpenAI API's answer when the request's ``stub`` names none
+    head_delay_s: float = 0.0  # every OpenAI API answer's head waits this long (a round trip away)
     seen: list[SeenRequest] = field(default_factory=list)  # OpenAI API requests, in order
     aborted: int = 0  # requests the client (the gateway) hung up on
     events_written: int = 0  # SSE content events written so far, over all streams
@@ -141,6 +142,8 @@ class StubNode:
         body = await request.json()
         self.seen.append(SeenRequest(request.path, CIMultiDict(request.headers), body))
         stub = body.get("stub", {})
+        if self.head_delay_s:
+            await asyncio.sleep(self.head_delay_s)
         if stub.get("delay_s"):
             await asyncio.sleep(stub["delay_s"])
             if request.transport is None or request.transport.is_closing():

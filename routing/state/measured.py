@@ -1,0 +1,179 @@
+"""What this gateway measured of each node from its own requests: the round trip and the prefill speed.
+
+gorgo's cost model weighs a round trip (telemetry's probes, from this gateway's region) and each
+node's prefill speed (the operator's ``Node.prefill_tokens_per_s``). Both can be wrong: a probe
+that measures another path than the gateway's requests take, a GPU that is slower than its data
+sheet, a model update. Told a prefill speed 2x off, or RTTs 30 % off, gorgo ranks nodes as if its
+weights were off by the same factor (docs/routing.md, "Wrong inputs"), and searching the weights
+online (the tuner) takes hours to resolve what this module measures in seconds. So the gateway
+measures both from the answers it relays, and gorgo uses the measurement once there is enough of
+it (``GorgoParams.measured_inputs``):
+
+- **Round trip.** vLLM sends a stream's response head when it has accepted the request, before
+  the first token (checked against a real vLLM: tests/conformance); the time from sending the
+  request to that head is one round trip plus the node's intake (parsing, chat template,
+  tokenization), both part of the TTFT this node will give. Per node, the ``RTT_QUANTILE`` of the
+  last ``RTT_SAMPLES`` streamed answers (a low quantile: a busy API server only adds to a sample).
+- **Prefill speed.** From the head to the first token a stream spends its queue and its prefill
+  at the node. Only answers for which this gateway knew of no queue ahead (``queue_ms`` 0 in the
+  decision's terms) count, and of those the uncached prompt tokens the node reported
+  (``usage.prompt_tokens - cached_tokens``). A least-squares line ``ms = step + ms_per_token x
+  uncached`` over the last ``SPEED_SAMPLES`` of them, refitted without the samples far above it (a
+  queue the gateway did not know of, another gateway's request ahead, only makes a sample slower),
+  gives the node's milliseconds per prefill token once its samples span ``SPEED_MIN_SPAN_TOKENS``.
+
+Estimates are recomputed at most once per ``REFIT_S`` per node (the request path only appends a
+sample), and a node whose measurement is older than ``STALE_S`` falls back to what it was told.
+No I/O; times come from the caller.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Final
+
+RTT_SAMPLES: Final = 32
+RTT_MIN_SAMPLES: Final = 6
+RTT_QUANTILE: Final = 0.25
+SPEED_SAMPLES: Final = 64
+SPEED_MIN_SAMPLES: Final = 8
+SPEED_MIN_SPAN_TOKENS: Final = 512
+# A sample more than this many median absolute residuals above the first fit is dropped.
+OUTLIER_MADS: Final = 3.0
+REFIT_S: Final = 1.0
+STALE_S: Final = 300.0
+# A fitted speed outside this factor of what the node was told is not believed (a broken fit).
+SPEED_BELIEF_FACTOR: Final = 20.0
+
+
+class _Node:
+    __slots__ = ("head_ms", "ms_per_token", "rtt_ms", "samples", "seen_s", "unfitted")
+
+    def __init__(self) -> None:
+        self.head_ms: deque[float] = deque(maxlen=RTT_SAMPLES)
+        self.samples: deque[tuple[float, float]] = deque(maxlen=SPEED_SAMPLES)  # (uncached, ms)
+        self.rtt_ms: float | None = None
+        self.ms_per_token: float | None = None
+        self.seen_s = 0.0  # when the last estimate was made
+        self.unfitted = 0  # samples since then
+
+
+class MeasuredInputs:
+    """Per node: the round trip and milliseconds per prefill token this gateway measured."""
+
+    __slots__ = ("_merged", "_merged_from", "_nodes", "_version", "rtt_ms", "speeds")
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, _Node] = {}
+        # node id -> measured round trip (ms) / milliseconds per prefill token: what gorgo reads
+        self.rtt_ms: dict[int, float] = {}
+        self.speeds: dict[int, float] = {}
+        self._version = 0  # moves whenever rtt_ms does
+        self._merged: dict[int, float] = {}
+        self._merged_from: tuple[int, int] = (0, -1)
+
+    def observe(
+        self,
+        node_id: int,
+        now_s: float,
+        head_ms: float,
+        node_ms: float | None,
+        uncached_tokens: int | None,
+        told_ms_per_token: float,
+    ) -> None:
+        """One streamed answer of ``node_id``: ``head_ms`` from sending to its head; ``node_ms``
+        from its head to its first token and ``uncached_tokens`` the prompt tokens the node
+        computed, when this gateway knew of no queue ahead of it (else None)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            node = self._nodes[node_id] = _Node()
+        if head_ms >= 0.0:
+            node.head_ms.append(head_ms)
+        if node_ms is not None and uncached_tokens is not None and node_ms >= 0.0 and uncached_tokens >= 0:
+            node.samples.append((float(uncached_tokens), node_ms))
+        node.unfitted += 1
+        if now_s - node.seen_s >= REFIT_S:
+            self._refit(node_id, node, now_s, told_ms_per_token)
+
+    def expire(self, now_s: float) -> None:
+        """Forget estimates older than ``STALE_S`` (a node nobody sent to for a while)."""
+        for node_id, node in self._nodes.items():
+            if now_s - node.seen_s > STALE_S and (node.rtt_ms is not None or node.ms_per_token is not None):
+                node.rtt_ms = node.ms_per_token = None
+                node.head_ms.clear()
+                node.samples.clear()
+                self._publish(node_id, node)
+
+    def rtt_view(self, told: Mapping[int, float]) -> Mapping[int, float]:
+        """``told`` (the RTT table from this gateway's region) with the measured round trips in
+        place of its entries: one dict, rebuilt only when either changed."""
+        if not self.rtt_ms:
+            return told
+        key = (id(told), self._version)
+        if key != self._merged_from:
+            merged = dict(told)
+            merged.update(self.rtt_ms)
+            self._merged, self._merged_from = merged, key
+        return self._merged
+
+    def _refit(self, node_id: int, node: _Node, now_s: float, told_ms_per_token: float) -> None:
+        node.seen_s = now_s
+        if not node.unfitted:
+            return
+        node.unfitted = 0
+        heads = node.head_ms
+        if len(heads) >= RTT_MIN_SAMPLES:
+            ordered = sorted(heads)
+            node.rtt_ms = ordered[int(RTT_QUANTILE * (len(ordered) - 1))]
+        if len(node.samples) >= SPEED_MIN_SAMPLES:
+            slope = fit_ms_per_token(list(node.samples))
+            if slope is not None and told_ms_per_token / SPEED_BELIEF_FACTOR <= slope <= (
+                told_ms_per_token * SPEED_BELIEF_FACTOR
+            ):
+                node.ms_per_token = slope
+        self._publish(node_id, node)
+
+    def _publish(self, node_id: int, node: _Node) -> None:
+        if node.rtt_ms is None:
+            if self.rtt_ms.pop(node_id, None) is not None:
+                self._version += 1
+        elif self.rtt_ms.get(node_id) != node.rtt_ms:
+            self.rtt_ms[node_id] = node.rtt_ms
+            self._version += 1
+        if node.ms_per_token is None:
+            self.speeds.pop(node_id, None)
+        else:
+            self.speeds[node_id] = node.ms_per_token
+
+
+def fit_ms_per_token(samples: list[tuple[float, float]]) -> float | None:
+    """The slope of ``ms = step + slope x tokens`` over (tokens, ms) samples, refitted without the
+    ones far above the first line; None when the tokens do not span ``SPEED_MIN_SPAN_TOKENS``."""
+    line = _least_squares(samples)
+    if line is None:
+        return None
+    step, slope = line
+    residuals = [ms - (step + slope * tokens) for tokens, ms in samples]
+    spread = sorted(abs(r) for r in residuals)[len(residuals) // 2]
+    kept = [sample for sample, r in zip(samples, residuals, strict=True) if r <= OUTLIER_MADS * spread + 1.0]
+    if len(kept) >= SPEED_MIN_SAMPLES and len(kept) < len(samples):
+        line = _least_squares(kept) or line
+    slope = line[1]
+    return slope if slope > 0.0 else None
+
+
+def _least_squares(samples: list[tuple[float, float]]) -> tuple[float, float] | None:
+    count = len(samples)
+    low = min(tokens for tokens, _ in samples)
+    high = max(tokens for tokens, _ in samples)
+    if high - low < SPEED_MIN_SPAN_TOKENS:
+        return None
+    mean_tokens = sum(tokens for tokens, _ in samples) / count
+    mean_ms = sum(ms for _, ms in samples) / count
+    covariance = sum((tokens - mean_tokens) * (ms - mean_ms) for tokens, ms in samples)
+    variance = sum((tokens - mean_tokens) ** 2 for tokens, _ in samples)
+    if variance <= 0.0:
+        return None
+    slope = covariance / variance
+    return mean_ms - slope * mean_tokens, slope
