@@ -103,14 +103,39 @@ def records_p95(records: list[RequestRecord], warmup_ts: float | None = None) ->
     return percentile(values, 95)
 
 
-def run_static(seeds: list[int], requests: int, redis_url: str, workdir: Path) -> dict[str, Any]:
+MEASURED_MODES = ("told", "measured")
+
+
+def static_variants(
+    modes: tuple[str, ...], chosen: set[str] | None = None
+) -> list[tuple[str, tuple[float, float], bool]]:
+    """Each wrong input with the gateways routing on the told values only (``told``: gorgo before
+    issue 24's measured inputs) and on what they measure (``measured``, the default); ``correct``
+    once per mode too, so each mode has its own reference."""
+    return [
+        (f"{name} ({mode})" if len(modes) > 1 else name, scales, mode == "measured")
+        for mode in modes
+        for name, scales in VARIANTS.items()
+        if chosen is None or name in chosen
+    ]
+
+
+def run_static(
+    seeds: list[int],
+    requests: int,
+    redis_url: str,
+    workdir: Path,
+    measured_modes: tuple[str, ...] = MEASURED_MODES,
+    chosen: set[str] | None = None,
+) -> dict[str, Any]:
     topology = load_topology(SCENARIO.topology_path)
     rate = rq.scenario_rate(SCENARIO, topology)
     figures: dict[str, list[RunFigures]] = {}
     gateway_p95: dict[str, list[float]] = {}
+    corrections: dict[str, list[dict[str, Any]]] = {}
     for seed in seeds:
-        for name, (prefill_scale, rtt_scale) in VARIANTS.items():
-            print(f"static seed {seed} {name:<14}", end=" ", flush=True)
+        for name, (prefill_scale, rtt_scale), measured in static_variants(measured_modes, chosen):
+            print(f"static seed {seed} {name:<30}", end=" ", flush=True)
             output = rq.run_once(
                 rq.RunSpec(
                     SCENARIO,
@@ -118,6 +143,7 @@ def run_static(seeds: list[int], requests: int, redis_url: str, workdir: Path) -
                     rate,
                     requests,
                     seed,
+                    param_overrides={"measured_inputs": measured},
                     told_prefill_scale=prefill_scale,
                     told_rtt_scale=rtt_scale,
                 ),
@@ -128,6 +154,10 @@ def run_static(seeds: list[int], requests: int, redis_url: str, workdir: Path) -
             )
             run = summarize_run(output, rq.PREFILL_TOKENS_PER_S)
             figures.setdefault(name, []).append(run)
+            if measured:
+                corrections.setdefault(name, []).append(
+                    correction_times(output.records, topology, prefill_scale, rtt_scale)
+                )
             ordered = sorted(output.records, key=lambda r: r.ts)
             warm_ts = ordered[min(output.warmup_requests, len(ordered) - 1)].ts if ordered else None
             p95 = records_p95(output.records, warm_ts)
@@ -139,9 +169,21 @@ def run_static(seeds: list[int], requests: int, redis_url: str, workdir: Path) -
                 flush=True,
             )
     rows: dict[str, Any] = {}
-    correct = figures["correct"]
-    for name, runs in figures.items():
-        row: dict[str, Any] = {"told_prefill_scale": VARIANTS[name][0], "told_rtt_scale": VARIANTS[name][1]}
+    for name, (prefill_scale, rtt_scale), measured in static_variants(measured_modes, chosen):
+        runs = figures[name]
+        # each mode against its own correct-inputs runs
+        correct = figures[
+            next(
+                n
+                for n, scales, m in static_variants(measured_modes, chosen)
+                if m == measured and scales == (1.0, 1.0)
+            )
+        ]
+        row: dict[str, Any] = {
+            "told_prefill_scale": prefill_scale,
+            "told_rtt_scale": rtt_scale,
+            "measured_inputs": measured,
+        }
         for label, pick in (
             ("p50", lambda f: f.ttft_p50_ms),
             ("p90", lambda f: f.ttft_p90_ms),
@@ -155,9 +197,68 @@ def run_static(seeds: list[int], requests: int, redis_url: str, workdir: Path) -
             if label in ("p50", "p90", "p99"):
                 row[label]["vs_correct"] = round(mine.median / base.median, 3) if base.median else None
         row["gateway_p95_ms"] = gateway_p95.get(name, [])
+        if name in corrections:
+            row["corrections"] = corrections[name]
         row["runs"] = [f.to_json() for f in runs]
         rows[name] = row
     return {"rate_rps": rate, "requests_per_run": requests, "seeds": seeds, "variants": rows}
+
+
+# How close to the truth a decision's input must be to count as corrected.
+CORRECTED_WITHIN = 0.15
+
+
+def correction_times(
+    records: list[RequestRecord], topology: Any, prefill_scale: float, rtt_scale: float
+) -> dict[str, Any]:
+    """When the gateways' decisions stopped using the wrong inputs, read off their cost terms:
+    a decision's milliseconds per prefill token are its ``prefill_ms / uncached_tokens`` (the
+    speed it priced the chosen node at), its round trip to a node abroad its ``rtt_ms``. Per
+    gateway, the seconds from its first request to the first decision from which every later one
+    is within ``CORRECTED_WITHIN`` of the truth (None: never); and the values in use at the end."""
+    true_ms_per_token = 1000.0 / rq.PREFILL_TOKENS_PER_S
+    by_gateway: dict[str, list[RequestRecord]] = {}
+    for record in sorted(records, key=lambda r: r.ts):
+        if record.cost is not None:
+            by_gateway.setdefault(record.gateway_region, []).append(record)
+    out: dict[str, Any] = {}
+    for region, rows in sorted(by_gateway.items()):
+        start = rows[0].ts
+        speeds = [
+            (r.ts, r.cost.prefill_ms / r.cost.uncached_tokens)
+            for r in rows
+            if r.cost is not None and r.cost.uncached_tokens >= 64
+        ]
+        rtts = [
+            (
+                r.ts,
+                r.cost.rtt_ms,
+                topology.rtt_ms(region, r.node_region) + topology.jitter_ms(region, r.node_region) / 2,
+            )
+            for r in rows
+            if r.cost is not None and r.node_region is not None and r.node_region != region
+        ]
+
+        def settled(values: list[tuple[float, bool]], start: float = start) -> float | None:
+            last_wrong = None
+            for ts, right in values:
+                if not right:
+                    last_wrong = ts
+            if not values or (last_wrong is not None and last_wrong == values[-1][0]):
+                return None
+            return 0.0 if last_wrong is None else last_wrong - start
+
+        out[region] = {
+            "speed_corrected_after_s": settled(
+                [(ts, abs(v / true_ms_per_token - 1) <= CORRECTED_WITHIN) for ts, v in speeds]
+            ),
+            "ms_per_token_at_end": speeds[-1][1] if speeds else None,
+            "rtt_corrected_after_s": settled(
+                [(ts, abs(used / real - 1) <= CORRECTED_WITHIN) for ts, used, real in rtts]
+            ),
+            "forwards": len(rtts),
+        }
+    return {"told_prefill_scale": prefill_scale, "told_rtt_scale": rtt_scale, "gateways": out}
 
 
 # ---- tuner ---------------------------------------------------------------------------------------
@@ -281,7 +382,13 @@ def geomean(values: list[float]) -> float | None:
 
 
 def run_tuner(
-    variant: str, minutes: float, seed: int, rate: float, redis_url: str, workdir: Path
+    variant: str,
+    minutes: float,
+    seed: int,
+    rate: float,
+    redis_url: str,
+    workdir: Path,
+    measured: bool = False,
 ) -> dict[str, Any]:
     prefill_scale, rtt_scale = VARIANTS[variant]
     topology = load_topology(SCENARIO.topology_path)
@@ -299,7 +406,7 @@ def run_tuner(
     try:
         _register_fleet(topology, fleet, prefill_scale)
         policy = RoutingPolicy.objects.create(
-            name="sensitivity", algorithm="gorgo", params={}, auto_tune=True
+            name="sensitivity", algorithm="gorgo", params={"measured_inputs": measured}, auto_tune=True
         )
         publishing.publish(policy)
         snapshot = publishing.live_version().compiled()
@@ -364,6 +471,7 @@ def run_tuner(
         final = publishing.live_version().compiled().policy.params
         return {
             "variant": variant,
+            "measured_inputs": measured,
             "told_prefill_scale": prefill_scale,
             "told_rtt_scale": rtt_scale,
             "seed": seed,
@@ -407,6 +515,9 @@ def recovery(tuner: dict[str, Any], correct: dict[str, Any] | None) -> dict[str,
     # Recovery is the tuner's doing only after it changed the live weights: before its first
     # promotion, a stretch within 10 % is the traffic's or the machine's noise.
     promoted = [w["ended_in_window"] for w in tuner["windows"] if w["outcome"] == "accepted"]
+    # With measured inputs the gateways correct the input themselves: recovery is theirs, from the
+    # first window on, whatever the tuner did.
+    by_measurement = bool(tuner.get("measured_inputs"))
     within = None
     first = None
     for index, window in enumerate(shared):
@@ -418,7 +529,7 @@ def recovery(tuner: dict[str, Any], correct: dict[str, Any] | None) -> dict[str,
         ref_n = sum(reference[n]["live_requests"] for n in rest)
         if math.exp(log_mine / mine_n - log_ref / ref_n) <= RECOVERED_WITHIN:
             within = window if within is None else within
-            if promoted and window >= promoted[0]:
+            if by_measurement or (promoted and window >= promoted[0]):
                 first = window
                 break
     return {
@@ -522,12 +633,38 @@ def markdown(document: dict[str, Any]) -> str:
                 f"| {row['p99']['vs_correct']:.2f}x | {row['cross_region_share']['median']:.0%} "
                 f"| {row['prefix_hit_rate']['median']:.0%} |"
             )
+        corrected = [(name, row) for name, row in static["variants"].items() if row.get("corrections")]
+        if corrected:
+            lines += [
+                "",
+                "When the gateways' decisions stopped using the wrong input (measured inputs on): seconds "
+                "from a gateway's first request to the decision from which every later one prices "
+                f"prefill (and, for a wrong RTT, its forwards' round trips) within {CORRECTED_WITHIN:.0%} "
+                "of the truth; per run, the slowest of its three gateways (- : the input was right from "
+                "the start or never used), and the speed in use at the end.",
+                "",
+                "| told | prefill speed corrected after (s), per seed | RTT corrected after (s), per seed "
+                "| ms per token at the end (truth 0.094) |",
+                "|---|---|---|---|",
+            ]
+            for name, row in corrected:
+                speed_s, rtt_s, ends = [], [], []
+                for run in row["corrections"]:
+                    gateways = run["gateways"].values()
+                    speed = [g["speed_corrected_after_s"] for g in gateways]
+                    rtt = [g["rtt_corrected_after_s"] for g in gateways if g["forwards"]]
+                    speed_s.append("never" if None in speed else f"{max(speed):.1f}")
+                    rtt_s.append("never" if None in rtt else (f"{max(rtt):.1f}" if rtt else "-"))
+                    ends += [g["ms_per_token_at_end"] for g in gateways if g["ms_per_token_at_end"]]
+                end = f"{statistics.median(ends):.3f}" if ends else "-"
+                lines.append(f"| {name} | {', '.join(speed_s)} | {', '.join(rtt_s)} | {end} |")
     for variant, tuner in (document.get("tuner") or {}).items():
         lines += tuner_markdown(variant, tuner)
     # Runs kept beside the main ones: at a higher rate (an invocation with another --out, merged
     # under this key by hand), and the runs of the rule before a tie widened the step (ties shrank
     # it, as losses do), which showed the need (docs/routing.md, "Online tuning").
     for key, heading_note in (
+        ("tuner_measured", ", measured inputs on (the gateways measure RTT and prefill speed)"),
         ("tuner_42rps", " (at 42/s)"),
         ("tuner_ties_shrink", " (earlier: a tie shrank the step)"),
     ):
@@ -595,7 +732,10 @@ def tuner_markdown(variant: str, tuner: dict[str, Any], heading_note: str = "") 
             f"{ordered[0]:.2f}-{ordered[-1]:.2f}; windows 1-6 (before a promotion could act) "
             f"{rec['first_6_windows_over_correct']:.2f}. "
             + (
-                f"Recovered: within {RECOVERED_WITHIN - 1:.0%} of it over the rest of the run from window "
+                f"Recovered by the gateways' measured inputs: within {RECOVERED_WITHIN - 1:.0%} of it over "
+                f"the rest of the run from window {found} on."
+                if found is not None and tuner.get("measured_inputs")
+                else f"Recovered: within {RECOVERED_WITHIN - 1:.0%} of it over the rest of the run from window "
                 f"{found} on (first promotion in window {rec['first_promotion_window']})."
                 if found is not None
                 else f"Nothing to recover at this rate: the starting weights serve within "
@@ -637,6 +777,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(VARIANTS),
         help="one per invocation; run 'correct' too (the reference), results merge into --out",
     )
+    parser.add_argument(
+        "--measured",
+        default=",".join(MEASURED_MODES),
+        help="static part: the gateways on the told values only (told), on what they measure "
+        "(measured, the default policy), or both side by side",
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="static part: which inputs (correct always runs: each mode's reference)",
+    )
     parser.add_argument("--tuner-minutes", type=float, default=6.0)
     parser.add_argument("--tuner-seed", type=int, default=1)
     parser.add_argument("--tuner-rate", type=float, default=TUNER_RATE_RPS, help="requests/s of a tuner run")
@@ -663,11 +814,29 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".md").write_text(markdown(document))
         return 0
     if args.part == "static":
-        document["static"] = run_static(seeds, args.requests, redis_url, workdir)
+        modes = tuple(mode for mode in args.measured.split(",") if mode)
+        if not modes or set(modes) - set(MEASURED_MODES):
+            parser.error(f"--measured: choose from {', '.join(MEASURED_MODES)}")
+        chosen = {name for name in args.variants.split(",") if name} | {"correct"}
+        if chosen - set(VARIANTS):
+            parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
+        document["static"] = run_static(seeds, args.requests, redis_url, workdir, modes, chosen)
     if args.part == "tuner":
-        tuners = document.setdefault("tuner", {})
+        if "," in args.measured:
+            args.measured = "measured"  # the default policy's; --measured told: the tuner alone
+        if args.measured not in MEASURED_MODES:
+            parser.error(f"--measured for the tuner part: one of {', '.join(MEASURED_MODES)}")
+        measured = args.measured == "measured"
+        # told: the runs of the tuner alone (gorgo before measured inputs); measured: beside them
+        tuners = document.setdefault("tuner_measured" if measured else "tuner", {})
         tuners[args.tuner_variant] = run_tuner(
-            args.tuner_variant, args.tuner_minutes, args.tuner_seed, args.tuner_rate, redis_url, workdir
+            args.tuner_variant,
+            args.tuner_minutes,
+            args.tuner_seed,
+            args.tuner_rate,
+            redis_url,
+            workdir,
+            measured,
         )
         for variant, tuner in tuners.items():
             if variant != "correct":

@@ -318,7 +318,7 @@ class Proxy:
             )
             if homing
             else None,
-            measured.speeds if measures and measured.speeds else None,
+            measured.speed_view(candidates) if measures else None,
         )
         if exchange is not None and table.shadow is not None:
             decision, exchange.shadow = decide_with_shadow(
@@ -492,6 +492,15 @@ class Proxy:
             ),
             task,
         )
+        head_s = exchange.head_s
+        if parsed.stream and response.status == 200 and head_s is not None and exchange.sent_s:
+            # The round trip is known now, long before the answer ends (routing.state.measured).
+            served = exchange.decision.node if exchange.decision is not None else None
+            if served is not None:
+                rate = served.prefill_tokens_per_s
+                self._measured.observe_head(
+                    served.id, head_s, (head_s - exchange.sent_s) * 1000, 1000.0 / rate if rate > 0 else 1.0
+                )
         try:
             await self._relay.answer(client, exchange, table, response)
         finally:

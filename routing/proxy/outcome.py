@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
+from typing import Final
 
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import PrefixIndex
@@ -25,7 +26,10 @@ from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
 from routing.state.measured import MeasuredInputs
 
-logger = logging.getLogger("routing.proxy")  # the logger name operators filter on, kept across moves
+logger = logging.getLogger("routing.proxy")
+# An answer counts for the node's prefill speed when its decision's queue term was at most this
+# share of its prefill (gorgo's decode slowdown at a full batch) plus a millisecond.
+CLEAN_QUEUE_SHARE: Final = 0.25  # the logger name operators filter on, kept across moves
 
 
 class RequestOutcome:
@@ -94,9 +98,8 @@ class RequestOutcome:
                 and exchange.status == 200
                 and node is not None
                 and self._measured is not None
-                and exchange.sent_s
             ):
-                self._measure(exchange, node, head_s, exchange.sent_s, usage, details)
+                self._measure(exchange, node, head_s, usage, details)
             if (
                 usage is not None
                 and usage.prompt_tokens
@@ -123,14 +126,12 @@ class RequestOutcome:
         exchange: Exchange,
         node: NodeSpec,
         head_s: float,
-        sent_s: float,
         usage: Usage | None,
         details: PromptTokensDetails | None,
     ) -> None:
-        """A streamed answer: its round trip, and its prefill time when no queue was known ahead."""
+        """A streamed answer's prefill time, when no queue was known ahead of it (its round trip
+        was taken when its head arrived: ``Proxy.handle``)."""
         assert self._measured is not None
-        node_ms: float | None = None
-        uncached: int | None = None
         cost = exchange.decision.cost if exchange.decision is not None else None
         ttft_s = exchange.ttft_s
         if (
@@ -141,21 +142,18 @@ class RequestOutcome:
             and details.cached_tokens is not None
             and cost is not None
             and cost.node_id == node.id
-            and cost.queue_ms <= 0.0
+            # no prefill known to be queued ahead: a queue term no larger than what a busy
+            # batch's decode slowdown alone puts there (gorgo.DECODE_SLOWDOWN_AT_FULL_BATCH)
+            and cost.queue_ms <= CLEAN_QUEUE_SHARE * cost.prefill_ms + 1.0
         ):
-            prompt_tokens = usage.prompt_tokens
-            assert prompt_tokens is not None
-            node_ms = (exchange.arrival_s + ttft_s - head_s) * 1000
-            uncached = prompt_tokens - details.cached_tokens
-        rate = node.prefill_tokens_per_s
-        self._measured.observe(
-            node.id,
-            head_s,
-            (head_s - sent_s) * 1000,
-            node_ms,
-            uncached,
-            1000.0 / rate if rate > 0 else 1.0,
-        )
+            rate = node.prefill_tokens_per_s
+            self._measured.observe_prefill(
+                node.id,
+                head_s,
+                (exchange.arrival_s + ttft_s - head_s) * 1000,
+                usage.prompt_tokens - details.cached_tokens,
+                1000.0 / rate if rate > 0 else 1.0,
+            )
 
     def _record(self, exchange: Exchange, total_s: float) -> RequestRecord:
         """The request's record for the stream (built off the request path, see ``finish``)."""

@@ -10,10 +10,15 @@ measures both from the answers it relays, and gorgo uses the measurement once th
 it (``GorgoParams.measured_inputs``):
 
 - **Round trip.** vLLM sends a stream's response head when it has accepted the request, before
-  the first token (checked against a real vLLM: tests/conformance); the time from sending the
-  request to that head is one round trip plus the node's intake (parsing, chat template,
-  tokenization), both part of the TTFT this node will give. Per node, the ``RTT_QUANTILE`` of the
-  last ``RTT_SAMPLES`` streamed answers (a low quantile: a busy API server only adds to a sample).
+  the first token (checked against a real vLLM: tests/e2e/test_gateway_real_vllm.py); the time
+  from sending the request to that head is one round trip plus the node's intake (parsing, chat
+  template, tokenization), both part of the TTFT this node will give. Per node, the
+  ``RTT_QUANTILE`` of the last ``RTT_SAMPLES`` streamed answers (a low quantile: a busy API server
+  only adds to a sample). A gateway sends few requests to most nodes abroad, so the nodes it has
+  not measured yet take the table's RTT times what the measured ones say of the table: the median
+  of measured / told over the nodes at least ``RATIO_MIN_RTT_MS`` away, once ``RATIO_MIN_NODES``
+  of them agree within ``RATIO_AGREEMENT`` (a probe that is off is usually off for every path it
+  measures: it sits elsewhere than the gateway, or times something else).
 - **Prefill speed.** From the head to the first token a stream spends its queue and its prefill
   at the node. Only answers for which this gateway knew of no queue ahead (``queue_ms`` 0 in the
   decision's terms) count, and of those the uncached prompt tokens the node reported
@@ -21,9 +26,13 @@ it (``GorgoParams.measured_inputs``):
   uncached`` over the last ``SPEED_SAMPLES`` of them, refitted without the samples far above it (a
   queue the gateway did not know of, another gateway's request ahead, only makes a sample slower),
   gives the node's milliseconds per prefill token once its samples span ``SPEED_MIN_SPAN_TOKENS``.
+  The nodes not measured yet take their configured speed times what the measured ones say of the
+  configuration, on the same terms as the round trips (an operator's figures that are off are
+  usually off for every node of a kind: a data sheet's number, a model that got bigger).
 
-Estimates are recomputed at most once per ``REFIT_S`` per node (the request path only appends a
-sample), and a node whose measurement is older than ``STALE_S`` falls back to what it was told.
+A node's first estimate is made as soon as it has samples enough; after that estimates are
+recomputed at most once per ``REFIT_S`` per node (the request path only appends a sample), and a
+node whose measurement is older than ``STALE_S`` falls back to what it was told.
 No I/O; times come from the caller.
 """
 
@@ -33,8 +42,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Final
 
+from routing.contract import NodeSpec
+
 RTT_SAMPLES: Final = 32
-RTT_MIN_SAMPLES: Final = 6
+RTT_MIN_SAMPLES: Final = 4
 RTT_QUANTILE: Final = 0.25
 SPEED_SAMPLES: Final = 64
 SPEED_MIN_SAMPLES: Final = 8
@@ -45,6 +56,10 @@ REFIT_S: Final = 1.0
 STALE_S: Final = 300.0
 # A fitted speed outside this factor of what the node was told is not believed (a broken fit).
 SPEED_BELIEF_FACTOR: Final = 20.0
+# The table's error, inferred for the nodes not measured yet (see the module's docstring).
+RATIO_MIN_RTT_MS: Final = 20.0
+RATIO_MIN_NODES: Final = 2
+RATIO_AGREEMENT: Final = 0.2
 
 
 class _Node:
@@ -62,7 +77,18 @@ class _Node:
 class MeasuredInputs:
     """Per node: the round trip and milliseconds per prefill token this gateway measured."""
 
-    __slots__ = ("_merged", "_merged_from", "_nodes", "_version", "rtt_ms", "speeds")
+    __slots__ = (
+        "_merged",
+        "_merged_from",
+        "_nodes",
+        "_speed_version",
+        "_speeds_for",
+        "_speeds_from",
+        "_told",
+        "_version",
+        "rtt_ms",
+        "speeds",
+    )
 
     def __init__(self) -> None:
         self._nodes: dict[int, _Node] = {}
@@ -72,6 +98,22 @@ class MeasuredInputs:
         self._version = 0  # moves whenever rtt_ms does
         self._merged: dict[int, float] = {}
         self._merged_from: tuple[int, int] = (0, -1)
+        self._told: dict[int, float] = {}  # node id -> the ms per token it was told (measured nodes)
+        self._speed_version = 0  # moves whenever speeds does
+        self._speeds_for: dict[int, float] = {}
+        self._speeds_from: tuple[int, int] = (0, -1)
+
+    def observe_head(self, node_id: int, now_s: float, head_ms: float, told_ms_per_token: float) -> None:
+        """A streamed answer's head arrived from ``node_id``, ``head_ms`` after the request left
+        (called at once: a round trip is known long before the answer ends)."""
+        self.observe(node_id, now_s, head_ms, None, None, told_ms_per_token)
+
+    def observe_prefill(
+        self, node_id: int, now_s: float, node_ms: float, uncached_tokens: int, told_ms_per_token: float
+    ) -> None:
+        """A streamed answer of ``node_id`` with no queue known ahead of it: ``node_ms`` from its
+        head to its first token, ``uncached_tokens`` the prompt tokens the node computed."""
+        self.observe(node_id, now_s, -1.0, node_ms, uncached_tokens, told_ms_per_token)
 
     def observe(
         self,
@@ -82,9 +124,8 @@ class MeasuredInputs:
         uncached_tokens: int | None,
         told_ms_per_token: float,
     ) -> None:
-        """One streamed answer of ``node_id``: ``head_ms`` from sending to its head; ``node_ms``
-        from its head to its first token and ``uncached_tokens`` the prompt tokens the node
-        computed, when this gateway knew of no queue ahead of it (else None)."""
+        """A round trip (``head_ms``; negative: none) and a prefill sample (``node_ms`` for
+        ``uncached_tokens``; None: none) of ``node_id``."""
         node = self._nodes.get(node_id)
         if node is None:
             node = self._nodes[node_id] = _Node()
@@ -93,7 +134,12 @@ class MeasuredInputs:
         if node_ms is not None and uncached_tokens is not None and node_ms >= 0.0 and uncached_tokens >= 0:
             node.samples.append((float(uncached_tokens), node_ms))
         node.unfitted += 1
-        if now_s - node.seen_s >= REFIT_S:
+        if (
+            now_s - node.seen_s >= REFIT_S
+            # a first estimate as soon as there are samples enough for it (then once a period)
+            or (node.rtt_ms is None and len(node.head_ms) == RTT_MIN_SAMPLES)
+            or (node.ms_per_token is None and len(node.samples) >= SPEED_MIN_SAMPLES and node.unfitted >= 4)
+        ):
             self._refit(node_id, node, now_s, told_ms_per_token)
 
     def expire(self, now_s: float) -> None:
@@ -107,15 +153,44 @@ class MeasuredInputs:
 
     def rtt_view(self, told: Mapping[int, float]) -> Mapping[int, float]:
         """``told`` (the RTT table from this gateway's region) with the measured round trips in
-        place of its entries: one dict, rebuilt only when either changed."""
+        place of its entries, and the others scaled by what the measured ones say of the table
+        (``table_ratio``): one dict, rebuilt only when either changed."""
         if not self.rtt_ms:
             return told
         key = (id(told), self._version)
         if key != self._merged_from:
-            merged = dict(told)
+            ratio = table_ratio(self.rtt_ms, told)
+            merged = (
+                dict(told)
+                if ratio is None
+                else {
+                    node_id: rtt * ratio if rtt >= RATIO_MIN_RTT_MS else rtt for node_id, rtt in told.items()
+                }
+            )
             merged.update(self.rtt_ms)
             self._merged, self._merged_from = merged, key
         return self._merged
+
+    def speed_view(self, nodes: tuple[NodeSpec, ...]) -> dict[int, float] | None:
+        """Milliseconds per prefill token for ``nodes``: the measured ones, and the others' configured
+        speed scaled by what the measured ones say of the configuration (``agreed_ratio``); None
+        when nothing is measured. One dict per candidate tuple, rebuilt only when either changed."""
+        if not self.speeds:
+            return None
+        key = (id(nodes), self._speed_version)
+        if key != self._speeds_from:
+            ratio = agreed_ratio(
+                [ms / self._told[node_id] for node_id, ms in self.speeds.items() if self._told.get(node_id)]
+            )
+            view: dict[int, float] = {}
+            if ratio is not None:
+                for node in nodes:
+                    rate = node.prefill_tokens_per_s
+                    if rate > 0:
+                        view[node.id] = 1000.0 / rate * ratio
+            view.update(self.speeds)
+            self._speeds_for, self._speeds_from = view, key
+        return self._speeds_for
 
     def _refit(self, node_id: int, node: _Node, now_s: float, told_ms_per_token: float) -> None:
         node.seen_s = now_s
@@ -132,6 +207,7 @@ class MeasuredInputs:
                 told_ms_per_token * SPEED_BELIEF_FACTOR
             ):
                 node.ms_per_token = slope
+                self._told[node_id] = told_ms_per_token
         self._publish(node_id, node)
 
     def _publish(self, node_id: int, node: _Node) -> None:
@@ -142,9 +218,35 @@ class MeasuredInputs:
             self.rtt_ms[node_id] = node.rtt_ms
             self._version += 1
         if node.ms_per_token is None:
-            self.speeds.pop(node_id, None)
-        else:
+            if self.speeds.pop(node_id, None) is not None:
+                self._speed_version += 1
+        elif self.speeds.get(node_id) != node.ms_per_token:
             self.speeds[node_id] = node.ms_per_token
+            self._speed_version += 1
+
+
+def table_ratio(measured: Mapping[int, float], told: Mapping[int, float]) -> float | None:
+    """What the measured round trips say of the table: ``agreed_ratio`` of measured / told over the
+    nodes at least ``RATIO_MIN_RTT_MS`` away (nearer, the node's intake outweighs the trip)."""
+    return agreed_ratio(
+        [
+            rtt / told[node_id]
+            for node_id, rtt in measured.items()
+            if told.get(node_id, 0.0) >= RATIO_MIN_RTT_MS
+        ]
+    )
+
+
+def agreed_ratio(ratios: list[float]) -> float | None:
+    """The median of measured / told ratios once ``RATIO_MIN_NODES`` of them agree within
+    ``RATIO_AGREEMENT`` of it; else None (too few, or the nodes differ: each keeps its own)."""
+    if len(ratios) < RATIO_MIN_NODES:
+        return None
+    ratios = sorted(ratios)
+    median = ratios[len(ratios) // 2]
+    if ratios[0] < median * (1 - RATIO_AGREEMENT) or ratios[-1] > median * (1 + RATIO_AGREEMENT):
+        return None
+    return median
 
 
 def fit_ms_per_token(samples: list[tuple[float, float]]) -> float | None:

@@ -74,6 +74,23 @@ class TestRoundTrip:
         assert measured.rtt_view(told) is view  # built once, not per request
         assert measured.rtt_view({7: 88.0, 8: 1.6}) == {7: 120.0, 8: 1.6}  # a new table: rebuilt
 
+    def test_the_nodes_not_measured_yet_take_what_the_measured_ones_say_of_the_table(self) -> None:
+        """A probe off by 30 % is off for every path: two nodes abroad measured 1.3x their table
+        entries scale the third; the nodes nearby (intake outweighs the trip) are left alone."""
+        measured = MeasuredInputs()
+        feed(measured, 3, [(114.0, 0.0, 0)] * 6)
+        feed(measured, 4, [(159.0, 0.0, 0)] * 6, t0=10.0)
+        view = measured.rtt_view({1: 1.5, 3: 88.0, 4: 120.0, 5: 235.0})
+        assert view[3] == 114.0 and view[4] == 159.0
+        assert view[5] == pytest.approx(235.0 * 159.0 / 120.0)
+        assert view[1] == 1.5
+
+    def test_nodes_that_disagree_keep_their_own(self) -> None:
+        measured = MeasuredInputs()
+        feed(measured, 3, [(114.0, 0.0, 0)] * 6)
+        feed(measured, 4, [(120.0, 0.0, 0)] * 6, t0=10.0)  # 1.0x: the two disagree
+        assert measured.rtt_view({3: 88.0, 4: 120.0, 5: 235.0})[5] == 235.0
+
     def test_a_measurement_nobody_renewed_expires(self) -> None:
         measured = MeasuredInputs()
         feed(measured, 7, [(120.0, 0.0, 0)] * 10)
@@ -114,6 +131,18 @@ class TestPrefillSpeed:
         samples = [(2.0, 7.0 + 50.0 * uncached, uncached) for uncached in [50, 3_000, 200, 6_000] * 4]
         feed(measured, 3, samples)
         assert 3 not in measured.speeds  # 500x slower than told: a broken fit, not a node
+
+    def test_the_nodes_not_measured_yet_take_what_the_measured_ones_say_of_the_configuration(self) -> None:
+        measured = MeasuredInputs()
+        lengths = [50, 3_000, 200, 6_000] * 4
+        feed(measured, 1, [(2.0, 7.0 + 0.2 * uncached, uncached) for uncached in lengths])
+        feed(measured, 2, [(2.0, 7.0 + 0.21 * uncached, uncached) for uncached in lengths], t0=10.0)
+        nodes = tuple(make_node(node_id, prefill_tokens_per_s=10_000.0) for node_id in (1, 2, 3))
+        view = measured.speed_view(nodes)
+        assert view is not None
+        assert view[1] == pytest.approx(0.2) and view[2] == pytest.approx(0.21)
+        assert view[3] == pytest.approx(0.21)  # told 0.1: the measured nodes say 2.1x (the median)
+        assert measured.speed_view(nodes) is view  # built once per candidate tuple
 
     def test_gorgo_prices_prefill_at_the_measured_speed(self) -> None:
         node = make_node(1, prefill_tokens_per_s=10_000.0)
