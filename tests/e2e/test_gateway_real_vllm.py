@@ -325,6 +325,19 @@ async def _has(client: aioredis.Redis, keys: RedisKeys, request_id: str) -> bool
     return request_id in await records(client, keys)
 
 
+def histogram_sums(text: str) -> dict[str, float]:
+    """Each histogram's ``_sum`` over its series, from a /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                name = sample.name.removesuffix("_sum")
+                sums[name] = sums.get(name, 0.0) + sample.value
+    return sums
+
+
 def test_long_growing_prompts_tokenize_as_vllm_does(real_vllm: RealVLLMFleet) -> None:
     # The gateway's ids equal vLLM's /tokenize for a long prompt that grows turn by turn (the
     # checkpoint reuse at work: only the new end is tokenized).
@@ -347,3 +360,77 @@ def test_long_growing_prompts_tokenize_as_vllm_does(real_vllm: RealVLLMFleet) ->
             sizes.append(len(text))
     assert tokenizer.reused_chars > sizes[0]
     record_figures("long_prompts_tokenize", {"chars": sizes, "reused_chars": tokenizer.reused_chars})
+
+
+async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
+    real_vllm: RealVLLMFleet, redis_keys: RedisKeys, redis_url: str
+) -> None:
+    """Issue 24, item 4, on the engine itself: vLLM sends a stream's response head before its first
+    token (so head - sent is a round trip and the intake), and the prefill speed the gateway fits
+    from its own streams agrees with the one vLLM's histograms give
+    (``vllm:request_prefill_kv_computed_tokens`` over ``vllm:request_prefill_time_seconds``), though
+    the node was configured 10x too fast."""
+    from routing.state.measured import RTT_MIN_SAMPLES
+
+    server = real_vllm.servers["bind"]  # --enable-prompt-tokens-details: the cached tokens are known
+    node = make_node(1, server.url, name="vllm-bind", models=(MODEL_NAME,), prefill_tokens_per_s=240_000.0)
+    model = ModelSpec(MODEL_NAME, BLOCK_SIZE_TOKENS, read_max_model_len(MODEL_FOLDER) or 4096)
+    client = aioredis.Redis.from_url(redis_url)
+    lengths = [40, 1_200, 120, 900, 60, 1_500, 300, 700] * 3
+    try:
+        await publish(client, redis_keys, make_snapshot((node,), params=GorgoParams(), models=(model,)))
+        async with (
+            running_gateway(gateway_config(redis_keys, redis_url)) as gateway,
+            httpx.AsyncClient(timeout=60) as direct,
+        ):
+            before = histogram_sums((await direct.get(server.url + "/metrics")).text)
+            ids = []
+            for number, tokens in enumerate(lengths):  # one at a time: no queue ahead of any
+                async with gateway.http.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={
+                        "model": MODEL_NAME,
+                        "messages": [{"role": "user", "content": words(f"measure-{number}", tokens)}],
+                        "max_tokens": 2,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                ) as response:
+                    assert response.status_code == 200
+                    ids.append(response.headers["x-request-id"])
+                    await response.aread()
+            after = histogram_sums((await direct.get(server.url + "/metrics")).text)
+            measured = gateway.app.runtime.proxy._measured
+            speeds = dict(measured.speeds)
+            rtt_ms = dict(measured.rtt_ms)
+            await wait_for(lambda: _has(client, redis_keys, ids[-1]), 10)
+            logged = await records(client, redis_keys)
+    finally:
+        await client.aclose()
+    computed = (
+        after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
+    )
+    engine_tokens_per_s = computed / (
+        after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"]
+    )
+    gateway_tokens_per_s = 1000.0 / speeds[1]
+    heads = [logged[request_id] for request_id in ids]
+    record_figures(
+        "measured_inputs",
+        {
+            "engine_prefill_tokens_per_s": round(engine_tokens_per_s),
+            "gateway_prefill_tokens_per_s": round(gateway_tokens_per_s),
+            "configured_prefill_tokens_per_s": node.prefill_tokens_per_s,
+            "gateway_rtt_ms": round(rtt_ms[1], 2),
+            "head_ms_p50": sorted(r.head_ms for r in heads if r.head_ms is not None)[len(heads) // 2],
+        },
+    )
+    # The head comes before the first token, on every stream: that is what makes it a round trip.
+    assert all(r.head_ms is not None and r.ttft_ms is not None for r in heads)
+    assert all(r.head_ms < r.ttft_ms - r.gateway_ms for r in heads)
+    assert len(heads) >= RTT_MIN_SAMPLES and 0.0 < rtt_ms[1] < 100.0
+    # The gateway's fit and the engine's own counters agree (the engine counts only the prefill
+    # phase, the gateway its head to first token: within a factor of 2), far from the told 240k.
+    assert engine_tokens_per_s / 2 < gateway_tokens_per_s < engine_tokens_per_s * 2
+    assert gateway_tokens_per_s < node.prefill_tokens_per_s / 3
