@@ -213,7 +213,7 @@ class GorgoParams(msgspec.Struct, frozen=True, tag="gorgo", forbid_unknown_field
     # Bring a prompt family cached only abroad home once its region's requests have paid this many
     # times the price of caching it at home in round trips (docs/routing.md, "Bringing a prefix
     # home"); 0: never (every request goes where it is cheapest for itself).
-    homing_rent_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 3.0
+    homing_rent_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=100.0)] = 5.0
     # Route on what each gateway measures of a node from its own answers (its round trip, its
     # prefill speed) in place of the probed RTT and the configured prefill speed, once measured
     # (routing/state/measured.py); false: on the told values only.

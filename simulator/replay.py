@@ -643,11 +643,11 @@ class _Replay:
         )
         decision = self.algorithm.choose(view, routed)
         node = decision.node
-        if decision.rent_key:
+        if decision.rent_keys:
             if decision.homed:
-                homing.settle(decision.rent_key)
+                homing.settle(decision.rent_keys)
             else:
-                homing.pay(decision.rent_key, decision.rent_ms)
+                homing.pay(decision.rent_keys, decision.rent_ms)
         if uses_index:
             index.insert_hashes(node.id, request.prefix_hashes, now)
         cost = decision.cost

@@ -211,6 +211,11 @@ class RoutingView:
 _NO_LOAD = NodeLoad()
 
 
+# Family keys of a prefix (``PrefixRent.keys``) start at this many chunks (4 KiB of prompt text,
+# ~1k tokens).
+HOMING_MIN_CHUNKS: Final = 16
+
+
 class PrefixRent:
     """The prompt's prefix as the prefix index matched it, and what this gateway's region has paid
     for prefixes cached only abroad (``routing.state.homing``): what gorgo needs to bring a prompt
@@ -228,15 +233,27 @@ class PrefixRent:
         self.chunk_tokens: Final = chunk_tokens
         self.owed: Final = owed
 
-    def key(self, matched_tokens: int) -> int:
-        """The prefix a node holding ``matched_tokens`` of the prompt holds: the hash of the last
-        chunk it covers (0: less than a chunk)."""
+    def keys(self, matched_tokens: int) -> tuple[int, ...]:
+        """The prefix a node holding ``matched_tokens`` of the prompt holds, as rent keys: the hash of
+        the last chunk it covers, and of the chunk at every power of two (from
+        ``HOMING_MIN_CHUNKS``) below it. A family's requests share the shallower keys (their system
+        prompt) whatever their conversations add, which each conversation's own deepest key does
+        not; shorter than ``HOMING_MIN_CHUNKS`` only the deepest one (a short shared start, a chat
+        template's header, is no family). Empty: less than a chunk."""
         if self.chunk_tokens <= 0:
-            return 0
+            return ()
         chunks = int(matched_tokens / self.chunk_tokens)
-        if chunks > len(self.hashes):
-            chunks = len(self.hashes)
-        return self.hashes[chunks - 1] if chunks > 0 else 0
+        hashes = self.hashes
+        if chunks > len(hashes):
+            chunks = len(hashes)
+        if chunks <= 0:
+            return ()
+        found = [hashes[chunks - 1]]
+        depth = HOMING_MIN_CHUNKS
+        while depth < chunks:
+            found.append(hashes[depth - 1])
+            depth *= 2
+        return tuple(found)
 
     def __repr__(self) -> str:
         return f"PrefixRent(hashes={len(self.hashes)} chunks, chunk_tokens={self.chunk_tokens!r})"
@@ -249,12 +266,13 @@ class Decision:
     decision consulted the prefix index for this very request: the request record and the
     predicted-vs-actual metrics compare it with what the node reports.
 
-    ``rent_key`` (gorgo's homing, ``routing.state.homing``): the prefix this decision paid rent for
+    ``rent_keys`` (gorgo's homing, ``routing.state.homing``): the prefix this decision paid rent for
     (``rent_ms``: it went abroad for a prefix its region does not hold) or brought home
-    (``homed``: it stays home to cache the prefix there); 0 when neither.
+    (``homed``: it stays home to cache the prefix there), keyed at several depths
+    (``PrefixRent.keys``); empty when neither.
     """
 
-    __slots__ = ("cost", "homed", "node", "prediction", "rent_key", "rent_ms", "runner_up")
+    __slots__ = ("cost", "homed", "node", "prediction", "rent_keys", "rent_ms", "runner_up")
 
     def __init__(
         self,
@@ -262,7 +280,7 @@ class Decision:
         cost: CostTerms | None = None,
         runner_up: CostTerms | None = None,
         prediction: tuple[int, str, int] | None = None,
-        rent_key: int = 0,
+        rent_keys: tuple[int, ...] = (),
         rent_ms: float = 0.0,
         homed: bool = False,
     ) -> None:
@@ -270,7 +288,7 @@ class Decision:
         self.cost: Final = cost
         self.runner_up: Final = runner_up
         self.prediction: Final = prediction
-        self.rent_key: Final = rent_key
+        self.rent_keys: Final = rent_keys
         self.rent_ms: Final = rent_ms
         self.homed: Final = homed
 
@@ -280,7 +298,7 @@ class Decision:
             self.cost,
             self.runner_up,
             self.prediction,
-            self.rent_key,
+            self.rent_keys,
             self.rent_ms,
             self.homed,
         )
@@ -296,7 +314,7 @@ class Decision:
     def __repr__(self) -> str:
         return (
             f"Decision(node={self.node!r}, cost={self.cost!r}, runner_up={self.runner_up!r}, "
-            f"prediction={self.prediction!r}, rent_key={self.rent_key!r}, rent_ms={self.rent_ms!r}, "
+            f"prediction={self.prediction!r}, rent_keys={self.rent_keys!r}, rent_ms={self.rent_ms!r}, "
             f"homed={self.homed!r})"
         )
 

@@ -94,7 +94,8 @@ TIE_BAND_MS: Final = 2.0
 # prefill, how long it stays there: turns the requests outstanding there into their arrival rate
 # (Little's law) for the displacement term.
 RESIDENCE_MS: Final = 1000.0
-# Homing (``_homing``) buys a prefix home only while the home node's queue is below this.
+# Homing (``_homing``) buys a prefix home only while the home node is idle: nothing queued there,
+# and its queue term within this of what a busy batch's slowdown alone puts in it.
 HOMING_IDLE_QUEUE_MS: Final = TIE_BAND_MS
 
 _DEFAULT_PARAMS: Final = GorgoParams()
@@ -523,14 +524,14 @@ def _decide(
         else None
     )
     winner = _pick(room, totals, rows, guards.spread_ties, view)
-    rent_key = 0
+    rent_keys: tuple[int, ...] = ()
     rent_ms = 0.0
     homed = False
     prefix = view.prefix
     if prefix is not None and homing_rent_ratio > 0.0 and count > 1:
         regions = _fleet(view.candidates).regions
         if regions[winner] != view.region:
-            home, rent_key, rent_ms = _homing(totals, rows, regions, winner, view, prefix, homing_rent_ratio)
+            home, rent_keys, rent_ms = _homing(totals, rows, regions, winner, view, prefix, homing_rent_ratio)
             if home >= 0:
                 # Paid up: this request stays home and caches the prefix there; the forward it
                 # would have been is its runner-up.
@@ -542,7 +543,7 @@ def _decide(
                     runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement)
                     if with_runner_up
                     else None,
-                    rent_key=rent_key,
+                    rent_keys=rent_keys,
                     homed=homed,
                 )
     runner_up = -1
@@ -563,7 +564,7 @@ def _decide(
         node=rows[winner].node,
         cost=_terms(totals[winner], rows[winner], w_displacement),
         runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement) if runner_up >= 0 else None,
-        rent_key=rent_key,
+        rent_keys=rent_keys,
         rent_ms=rent_ms,
     )
 
@@ -576,17 +577,19 @@ def _homing(
     view: RoutingView,
     prefix: PrefixRent,
     ratio: float,
-) -> tuple[int, int, float]:
+) -> tuple[int, tuple[int, ...], float]:
     """A forward that only the cache decides (the prefix is held abroad, not at home): the rent it
     pays, or the home node it stays on instead once its prefix's rent is paid up.
 
-    Returns (home index or -1, prefix key or 0, rent in ms). Rent is what this request would have
+    Returns (home index or -1, the prefix's rent keys or (), rent in ms). The rent goes to every key
+    of the prefix the node abroad holds (``PrefixRent.keys``: its family's too), and the most any of
+    them is owed decides. Rent is what this request would have
     saved at the best home node had that node held the prefix too; the price of bringing it home is
     this request's own extra wait there plus the wait its prefill adds for the home region's own
     arrivals (the displacement term's formula, at home). Buying when the rent reaches ``ratio``
-    times the price is ski rental (``routing.state.homing``). It buys only while the home node has
-    no queue (``HOMING_IDLE_QUEUE_MS``): a long prefill queued behind others makes every later
-    arrival there wait too, and a busy home region is the overflow's case, not this one's.
+    times the price is ski rental (``routing.state.homing``). It buys only while the home node is
+    idle (no prefill queued there): a long prefill queued behind others makes every later arrival
+    there wait too, and a busy home region is the overflow's case, not this one's.
     """
     home = -1
     home_total = math.inf
@@ -595,20 +598,25 @@ def _homing(
         if regions[index] == here and not row.full and totals[index] < home_total:
             home, home_total = index, totals[index]
     if home < 0:
-        return -1, 0, 0.0
+        return -1, (), 0.0
     abroad = rows[winner]
     at_home = rows[home]
     extra_tokens = at_home.uncached - abroad.uncached
     if extra_tokens <= 0 or at_home.uncached <= 0:
-        return -1, 0, 0.0
+        return -1, (), 0.0
     extra_ms = at_home.prefill_ms * extra_tokens / at_home.uncached
     rent_ms = totals[winner] - (home_total - extra_ms)  # what a home node holding it would save
     if rent_ms <= 0.0:
-        return -1, 0, 0.0  # home loses even with the prefix: the queue or RTT decides, not the cache
-    key = prefix.key(abroad.matched)
-    if not key:
-        return -1, 0, 0.0
-    if at_home.queue_ms <= HOMING_IDLE_QUEUE_MS:
+        return -1, (), 0.0  # home loses even with the prefix: the queue or RTT decides, not the cache
+    keys = prefix.keys(abroad.matched)
+    if not keys:
+        return -1, (), 0.0
+    # Idle: no prefill queued there, and no wait for KV room (the queue term holds no more than the
+    # busy batch's slowdown of this very prefill).
+    if (
+        at_home.prefill_tokens == 0
+        and at_home.queue_ms <= DECODE_SLOWDOWN_AT_FULL_BATCH * at_home.prefill_ms + HOMING_IDLE_QUEUE_MS
+    ):
         price_ms = home_total - totals[winner]
         if price_ms < 0.0:
             price_ms = 0.0
@@ -616,9 +624,15 @@ def _homing(
         if load is not None and load.home_requests:
             # The home region's arrivals while the prefix is prefilled there wait half of it each.
             price_ms += load.home_requests / (RESIDENCE_MS + extra_ms) * extra_ms * extra_ms / 2
-        if prefix.owed.get(key, 0.0) >= ratio * price_ms:
-            return home, key, 0.0
-    return -1, key, rent_ms
+        owed_map = prefix.owed
+        owed = 0.0
+        for key in keys:
+            paid = owed_map.get(key, 0.0)
+            if paid > owed:
+                owed = paid
+        if owed >= ratio * price_ms:
+            return home, keys, 0.0
+    return -1, keys, rent_ms
 
 
 class _Row:

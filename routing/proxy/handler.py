@@ -326,12 +326,12 @@ class Proxy:
             )
         else:
             decision = algorithm.choose(view, request)
-        if decision.rent_key:
+        if decision.rent_keys:
             if decision.homed:
-                self._homing.settle(decision.rent_key)
+                self._homing.settle(decision.rent_keys)
                 self._metrics.prefix_homed()
             else:
-                self._homing.pay(decision.rent_key, decision.rent_ms)
+                self._homing.pay(decision.rent_keys, decision.rent_ms)
                 self._metrics.prefix_rent(decision.rent_ms)
         if uses_index:
             self._cache_index.insert(decision.node.id, prompt_text)
@@ -348,7 +348,7 @@ class Proxy:
                     decision.cost,
                     decision.runner_up,
                     prediction,
-                    decision.rent_key,
+                    decision.rent_keys,
                     decision.rent_ms,
                     decision.homed,
                 )

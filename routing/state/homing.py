@@ -16,10 +16,12 @@ price is the classic 2-competitive strategy when nobody knows how long the famil
 
 This is the gateway's bookkeeping of that rent; the decision is gorgo's
 (``routing.algorithms.gorgo``), which reads ``owed`` through the view and returns what its
-decision paid or bought (``Decision.rent_key`` / ``rent_ms`` / ``homed``); the gateway applies it
-here after the live decision (never a shadow's). A prefix is keyed by the chained chunk hash at
-the end of what the node abroad holds of it (``routing.cache.approx_index.chunk_hashes``): a
-family's requests share it, a conversation's later turns (whose history is abroad too) do not.
+decision paid or bought (``Decision.rent_keys`` / ``rent_ms`` / ``homed``); the gateway applies it
+here after the live decision (never a shadow's). A prefix is keyed by chained chunk hashes
+(``routing.cache.approx_index.chunk_hashes``) at several depths of what the node abroad holds of it
+(``PrefixRent.keys``): the deepest is the request's own (its conversation's history too), the
+shallower ones its family's (the system prompt its region's requests share), so the rent of a
+family's many conversations adds up where it belongs.
 Rent fades with a half-life, so a family that stopped (or a burst long ago) does not buy later.
 No I/O and no clock of its own: whoever routes calls ``fade_to`` with its time before a decision
 reads ``owed`` (at most one fade a second does any work).
@@ -50,16 +52,19 @@ class HomingLedger:
         self.owed: dict[int, float] = {}
         self._faded_at_s: float | None = None
 
-    def pay(self, key: int, rent_ms: float) -> None:
-        """A forward of ``key``'s family paid ``rent_ms``."""
+    def pay(self, keys: tuple[int, ...], rent_ms: float) -> None:
+        """A forward for the prefix ``keys`` name paid ``rent_ms`` (each key owes it)."""
         owed = self.owed
-        owed[key] = owed.get(key, 0.0) + rent_ms
+        for key in keys:
+            owed[key] = owed.get(key, 0.0) + rent_ms
         if len(owed) > MAX_PREFIXES:
             self._shrink()
 
-    def settle(self, key: int) -> None:
-        """A request of ``key``'s family stayed home to cache it there: its debt is paid."""
-        self.owed.pop(key, None)
+    def settle(self, keys: tuple[int, ...]) -> None:
+        """A request stayed home to cache the prefix ``keys`` name: their debts are paid."""
+        owed = self.owed
+        for key in keys:
+            owed.pop(key, None)
 
     def fade_to(self, now_s: float) -> None:
         """Fade every debt by the half-life for the time since the last fade (``now_s``: the

@@ -27,7 +27,7 @@ def test_it_validates_without_publishing(viewer_client, policy, redis_conn, cp_k
         "default_rtt_ms": 100.0,
         "chars_per_token": 4.0,
         "w_displacement": 1.0,
-        "homing_rent_ratio": 3.0,
+        "homing_rent_ratio": 5.0,
         "measured_inputs": True,
     }
     assert summary["nodes"] == {"total": 6, "active": 6, "draining": 0, "disabled": 0}

@@ -74,11 +74,11 @@ class Region:
         )
         decision = gorgo.choose(view, RoutingRequest(MODEL, len(prompt), len(prompt) // 4))
         # What the gateway does after the decision (routing/proxy/handler.py's _route).
-        if decision.rent_key:
+        if decision.rent_keys:
             if decision.homed:
-                self.ledger.settle(decision.rent_key)
+                self.ledger.settle(decision.rent_keys)
             else:
-                self.ledger.pay(decision.rent_key, decision.rent_ms)
+                self.ledger.pay(decision.rent_keys, decision.rent_ms)
         self.index.insert_hashes(decision.node.id, hashes, NOW_S)
         return decision
 
@@ -96,7 +96,7 @@ def test_without_homing_a_family_cached_abroad_stays_abroad() -> None:
     system = family_cached_abroad(region)
     decisions = [region.decide(system + text(f"user{n}", 2)) for n in range(30)]
     assert {decision.node.region for decision in decisions} == {ABROAD}
-    assert not any(decision.rent_key for decision in decisions)
+    assert not any(decision.rent_keys for decision in decisions)
 
 
 def test_with_homing_the_family_comes_home_once_its_rent_is_paid_up() -> None:
@@ -106,16 +106,16 @@ def test_with_homing_the_family_comes_home_once_its_rent_is_paid_up() -> None:
     regions = [decision.node.region for decision in decisions]
     first_home = regions.index(HOME)
     homed = decisions[first_home]
-    assert homed.homed and homed.rent_key and homed.runner_up is not None
+    assert homed.homed and homed.rent_keys and homed.runner_up is not None
     assert homed.runner_up.node_id in (3, 4)  # the forward it skipped
     assert 1 <= first_home <= 10
     assert regions[first_home:] == [HOME] * (30 - first_home)  # the family follows the prefix home
     # Each forward before it paid what it would have saved at a home node holding the prefix (about
     # the round trip), all under one key: the prefix the node abroad holds.
     rents = decisions[:first_home]
-    assert {decision.rent_key for decision in rents} == {homed.rent_key}
+    assert {decision.rent_keys for decision in rents} == {homed.rent_keys}
     assert all(RTT_ABROAD_MS * 0.8 < decision.rent_ms < RTT_ABROAD_MS * 1.2 for decision in rents)
-    assert homed.rent_key not in region.ledger.owed  # paid up
+    assert not set(homed.rent_keys) & set(region.ledger.owed)  # paid up
 
 
 def test_the_rent_it_takes_grows_with_the_ratio() -> None:
@@ -143,7 +143,22 @@ def test_a_forward_the_cache_does_not_decide_pays_no_rent() -> None:
     region = Region(ratio=2.0, home_queue_tokens=20_000)  # home is busy: overflow goes abroad
     decisions = [region.decide(text(f"unique{n}", 40)) for n in range(10)]
     assert any(decision.node.region == ABROAD for decision in decisions)
-    assert not any(decision.rent_key for decision in decisions)
+    assert not any(decision.rent_keys for decision in decisions)
+
+
+def test_a_family_s_conversations_pay_its_rent_together() -> None:
+    """Each conversation's later turns have their history abroad too, so each has a prefix of its
+    own; their rent still adds up under the family's system prompt, and the family comes home."""
+    region = Region(ratio=3.0)
+    system = text("system", FAMILY_CHUNKS)
+    # Twenty conversations of the family, each a few turns in, all held abroad (a cold start).
+    conversations = [system + text(f"history{n}", 4) for n in range(20)]
+    for history in conversations:
+        region.index.insert_hashes(3, region.index.chunk_hashes(history + text("turn", 1)), NOW_S)
+    decisions = [region.decide(history + text("next", 1)) for history in conversations]
+    deepest = {decision.rent_keys[0] for decision in decisions if decision.rent_keys}
+    assert len(deepest) > 1  # each conversation's own prefix
+    assert any(decision.homed for decision in decisions)  # the family's rent added up
 
 
 def test_a_shadow_reads_the_rent_but_the_live_side_alone_pays_it() -> None:
@@ -168,8 +183,8 @@ def test_a_shadow_reads_the_rent_but_the_live_side_alone_pays_it() -> None:
     )
     request = RoutingRequest(MODEL, len(prompt), len(prompt) // 4)
     live, shadow = gorgo.choose_twice(view, request, GorgoParams(homing_rent_ratio=0.0))
-    assert live.node.region == ABROAD and live.rent_key and live.rent_ms > 0
-    assert shadow.node.region == ABROAD and not shadow.rent_key
+    assert live.node.region == ABROAD and live.rent_keys and live.rent_ms > 0
+    assert shadow.node.region == ABROAD and not shadow.rent_keys
     assert region.ledger.owed == {}
 
 
@@ -177,8 +192,8 @@ class TestLedger:
     def test_rent_halves_over_its_half_life_and_small_debts_go(self) -> None:
         ledger = HomingLedger()
         ledger.fade_to(0.0)
-        ledger.pay(1, 100.0)
-        ledger.pay(2, 1.5)
+        ledger.pay((1,), 100.0)
+        ledger.pay((2,), 1.5)
         ledger.fade_to(FADE_STEP_S / 2)  # within a step: nothing moves
         assert ledger.owed == {1: 100.0, 2: 1.5}
         ledger.fade_to(RENT_HALF_LIFE_S)
@@ -188,17 +203,16 @@ class TestLedger:
 
     def test_settling_clears_a_debt_and_paying_adds_up(self) -> None:
         ledger = HomingLedger()
-        ledger.pay(7, 40.0)
-        ledger.pay(7, 2.5)
-        assert ledger.owed == {7: 42.5}
-        ledger.settle(7)
-        ledger.settle(8)  # nothing owed: nothing to do
-        assert ledger.owed == {}
+        ledger.pay((7, 9), 40.0)
+        ledger.pay((7,), 2.5)
+        assert ledger.owed == {7: 42.5, 9: 40.0}
+        ledger.settle((7, 8))  # 8 owes nothing: nothing to do
+        assert ledger.owed == {9: 40.0}
 
     def test_it_keeps_the_larger_debts_when_full(self) -> None:
         ledger = HomingLedger()
         for key in range(MAX_PREFIXES + 1):
-            ledger.pay(key, float(key))
+            ledger.pay((key,), float(key))
         assert len(ledger.owed) <= MAX_PREFIXES // 2 + 1
         assert MAX_PREFIXES in ledger.owed and 0 not in ledger.owed
 
