@@ -497,10 +497,7 @@ class Proxy:
             # The round trip is known now, long before the answer ends (routing.state.measured).
             served = exchange.decision.node if exchange.decision is not None else None
             if served is not None:
-                rate = served.prefill_tokens_per_s
-                self._measured.observe_head(
-                    served.id, head_s, (head_s - exchange.sent_s) * 1000, 1000.0 / rate if rate > 0 else 1.0
-                )
+                self._measured.observe_head(served, head_s, (head_s - exchange.sent_s) * 1000)
         try:
             await self._relay.answer(client, exchange, table, response)
         finally:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Final
 
+from routing.algorithms.gorgo import DECODE_SLOWDOWN_AT_FULL_BATCH
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.prompt import PrefixIndex
 from routing.cache.token_ratio import CharsPerToken
@@ -26,10 +26,7 @@ from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
 from routing.state.measured import MeasuredInputs
 
-logger = logging.getLogger("routing.proxy")
-# An answer counts for the node's prefill speed when its decision's queue term was at most this
-# share of its prefill (gorgo's decode slowdown at a full batch) plus a millisecond.
-CLEAN_QUEUE_SHARE: Final = 0.25  # the logger name operators filter on, kept across moves
+logger = logging.getLogger("routing.proxy")  # the logger name operators filter on, kept across moves
 
 
 class RequestOutcome:
@@ -143,16 +140,14 @@ class RequestOutcome:
             and cost is not None
             and cost.node_id == node.id
             # no prefill known to be queued ahead: a queue term no larger than what a busy
-            # batch's decode slowdown alone puts there (gorgo.DECODE_SLOWDOWN_AT_FULL_BATCH)
-            and cost.queue_ms <= CLEAN_QUEUE_SHARE * cost.prefill_ms + 1.0
+            # batch's decode slowdown alone puts there
+            and cost.queue_ms <= DECODE_SLOWDOWN_AT_FULL_BATCH * cost.prefill_ms + 1.0
         ):
-            rate = node.prefill_tokens_per_s
             self._measured.observe_prefill(
-                node.id,
+                node,
                 head_s,
                 (exchange.arrival_s + ttft_s - head_s) * 1000,
                 usage.prompt_tokens - details.cached_tokens,
-                1000.0 / rate if rate > 0 else 1.0,
             )
 
     def _record(self, exchange: Exchange, total_s: float) -> RequestRecord:

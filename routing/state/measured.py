@@ -54,6 +54,7 @@ SPEED_MIN_SPAN_TOKENS: Final = 512
 OUTLIER_MADS: Final = 3.0
 REFIT_S: Final = 1.0
 STALE_S: Final = 300.0
+EXPIRE_EVERY_S: Final = 10.0
 # A fitted speed outside this factor of what the node was told is not believed (a broken fit).
 SPEED_BELIEF_FACTOR: Final = 20.0
 # The table's error, inferred for the nodes not measured yet (see the module's docstring).
@@ -78,6 +79,7 @@ class MeasuredInputs:
     """Per node: the round trip and milliseconds per prefill token this gateway measured."""
 
     __slots__ = (
+        "_expired_at_s",
         "_merged",
         "_merged_from",
         "_nodes",
@@ -92,6 +94,7 @@ class MeasuredInputs:
 
     def __init__(self) -> None:
         self._nodes: dict[int, _Node] = {}
+        self._expired_at_s = 0.0
         # node id -> measured round trip (ms) / milliseconds per prefill token: what gorgo reads
         self.rtt_ms: dict[int, float] = {}
         self.speeds: dict[int, float] = {}
@@ -103,17 +106,15 @@ class MeasuredInputs:
         self._speeds_for: dict[int, float] = {}
         self._speeds_from: tuple[int, int] = (0, -1)
 
-    def observe_head(self, node_id: int, now_s: float, head_ms: float, told_ms_per_token: float) -> None:
-        """A streamed answer's head arrived from ``node_id``, ``head_ms`` after the request left
+    def observe_head(self, node: NodeSpec, now_s: float, head_ms: float) -> None:
+        """A streamed answer's head arrived from ``node``, ``head_ms`` after the request left
         (called at once: a round trip is known long before the answer ends)."""
-        self.observe(node_id, now_s, head_ms, None, None, told_ms_per_token)
+        self.observe(node.id, now_s, head_ms, None, None, _told_ms_per_token(node))
 
-    def observe_prefill(
-        self, node_id: int, now_s: float, node_ms: float, uncached_tokens: int, told_ms_per_token: float
-    ) -> None:
-        """A streamed answer of ``node_id`` with no queue known ahead of it: ``node_ms`` from its
+    def observe_prefill(self, node: NodeSpec, now_s: float, node_ms: float, uncached_tokens: int) -> None:
+        """A streamed answer of ``node`` with no queue known ahead of it: ``node_ms`` from its
         head to its first token, ``uncached_tokens`` the prompt tokens the node computed."""
-        self.observe(node_id, now_s, -1.0, node_ms, uncached_tokens, told_ms_per_token)
+        self.observe(node.id, now_s, -1.0, node_ms, uncached_tokens, _told_ms_per_token(node))
 
     def observe(
         self,
@@ -143,7 +144,11 @@ class MeasuredInputs:
             self._refit(node_id, node, now_s, told_ms_per_token)
 
     def expire(self, now_s: float) -> None:
-        """Forget estimates older than ``STALE_S`` (a node nobody sent to for a while)."""
+        """Forget estimates older than ``STALE_S`` (a node nobody sent to for a while); looks at
+        most once per ``EXPIRE_EVERY_S`` (the request path calls it)."""
+        if now_s - self._expired_at_s < EXPIRE_EVERY_S:
+            return
+        self._expired_at_s = now_s
         for node_id, node in self._nodes.items():
             if now_s - node.seen_s > STALE_S and (node.rtt_ms is not None or node.ms_per_token is not None):
                 node.rtt_ms = node.ms_per_token = None
@@ -223,6 +228,11 @@ class MeasuredInputs:
         elif self.speeds.get(node_id) != node.ms_per_token:
             self.speeds[node_id] = node.ms_per_token
             self._speed_version += 1
+
+
+def _told_ms_per_token(node: NodeSpec) -> float:
+    rate = node.prefill_tokens_per_s
+    return 1000.0 / rate if rate > 0 else 1.0
 
 
 def table_ratio(measured: Mapping[int, float], told: Mapping[int, float]) -> float | None:

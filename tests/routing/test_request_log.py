@@ -174,7 +174,9 @@ def test_the_record_carries_every_field_where_its_name_says(redis_url, redis_key
     exchange.bytes_out = 4_321
     exchange.error = "a distinct error"
     live_cost = CostTerms(node_id=11, total_ms=1.0, rtt_ms=2.0, queue_ms=3.0, prefill_ms=4.0)
-    exchange.decision = Decision(home, None, CostTerms(node_id=12, total_ms=9.0), None, (123, 456), 45.5, True)
+    exchange.decision = Decision(
+        home, None, CostTerms(node_id=12, total_ms=9.0), None, (123, 456), 45.5, True
+    )
     exchange.prediction = (11, "approximate", 77)
     exchange.usage = Usage(
         prompt_tokens=140, completion_tokens=19, prompt_tokens_details=PromptTokensDetails(55)
