@@ -384,6 +384,33 @@ GATEWAY = Dashboard(
                     unit="s",
                 ),
                 Panel(
+                    "Measured round trip by gateway and node",
+                    (
+                        q(
+                            f"max by (instance, node) (gorgo_gateway_node_measured_rtt_seconds{{{GW}}})",
+                            "{{instance}} to {{node}}",
+                        ),
+                    ),
+                    unit="s",
+                    description="What each gateway measures from its own streams (request sent to the "
+                    "response head) and gorgo routes on, in place of the probed RTT (docs/routing.md, "
+                    '"Measured inputs").',
+                ),
+                Panel(
+                    "Measured prefill speed by node",
+                    (
+                        q(
+                            "max by (instance, node) "
+                            f"(gorgo_gateway_node_measured_prefill_tokens_per_second{{{GW}}})",
+                            "{{instance}} sees {{node}}",
+                        ),
+                    ),
+                    unit="none",
+                    description="Prompt tokens per second each gateway measures a node prefills at (head to "
+                    "first token of answers with no queue known ahead); gorgo routes on it in place of the "
+                    "configured speed. Far from the node's configured speed: the configuration is off.",
+                ),
+                Panel(
                     "Request log to Redis",
                     (
                         q(
