@@ -16,13 +16,15 @@ from routing.errors import GatewayError
 from routing.http.client_side import ClientRequest
 from routing.http.headers import filter_response_headers
 from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
-from routing.http.usage import USAGE_TAIL_BYTES, parse_stream_usage, parse_usage
+from routing.http.usage import USAGE_TAIL_BYTES
+from routing.http.usage_read import parse_stream_usage, parse_usage
 from routing.observability.exporter import GatewayMetrics
 from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
 from routing.resilience.breaker import Breakers
 from routing.state.table import RoutingTable
 
+_perf_counter: Final = time.perf_counter  # a C static, compiled: no module lookup per call
 # The last event of an OpenAI stream, with either line ending SSE allows.
 _SSE_DONE_ENDINGS: Final = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
 
@@ -48,7 +50,7 @@ class Relay:
         """Pass the node's answer to the client: streams chunk by chunk, bodies in one piece."""
         assert exchange.decision is not None and exchange.lease is not None and exchange.sent_s is not None
         node = exchange.decision.node
-        upstream_s = time.perf_counter() - exchange.sent_s
+        upstream_s = _perf_counter() - exchange.sent_s
         exchange.status = status = response.status
         out_headers = filter_response_headers(response.raw_headers)
         out_headers += (
@@ -78,7 +80,7 @@ class Relay:
             exchange.lease.first_byte()
             exchange.finished = True
             exchange.response_started = True
-            exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+            exchange.ttft_s = _perf_counter() - exchange.arrival_s
             client.respond(status, out_headers, data)  # head and body in one write
             exchange.bytes_out = len(data)
             if status == 200 and not response.content_encoded:
@@ -100,7 +102,7 @@ class Relay:
             chunk = await response.readany()
             if chunk:
                 exchange.lease.first_byte()
-                exchange.ttft_s = time.perf_counter() - exchange.arrival_s
+                exchange.ttft_s = _perf_counter() - exchange.arrival_s
             async with asyncio.timeout(None) as idle:
                 while chunk:
                     await client.write(chunk)
