@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Final
 
@@ -46,6 +47,13 @@ class RequestOutcome:
         self._request_log = request_log
         self._metrics = metrics
         self._cache_index = cache_index
+        # The index's optional hooks, looked up once (a getattr per request costs ~0.4 k instructions).
+        self._note_served: Callable[[int, int | None, int], object] | None = getattr(
+            cache_index, "note_served", None
+        )
+        self._record_outcome: Callable[[int, str, int, int], object] | None = getattr(
+            cache_index, "record_outcome", None
+        )
         self._chars_per_token = chars_per_token
         self._tracing = tracing
 
@@ -72,7 +80,7 @@ class RequestOutcome:
                 )
             prediction = exchange.prediction
             if node is not None and exchange.status == 200:
-                served = getattr(self._cache_index, "note_served", None)
+                served = self._note_served
                 if served is not None:
                     predicted = prediction[2] if prediction is not None and prediction[0] == node.id else 0
                     served(node.id, usage.prompt_tokens if usage is not None else None, predicted)
@@ -83,7 +91,7 @@ class RequestOutcome:
                 and node is not None
                 and prediction[0] == node.id
             ):
-                record = getattr(self._cache_index, "record_outcome", None)
+                record = self._record_outcome
                 if record is not None:
                     record(node.id, prediction[1], prediction[2], details.cached_tokens)
             if (
