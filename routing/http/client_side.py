@@ -104,6 +104,12 @@ def _field_start(name: bytes) -> bytes:
     return field
 
 
+def field_start(name: bytes) -> bytes:
+    """``b"\\r\\nname: "`` for a header field of an answer (``respond``'s ``own``), name lower-cased."""
+    field = _FIELD_STARTS.get(name)
+    return field if field is not None else _field_start(name)
+
+
 class ClientStats:
     """One server's connections and its counters of refused and timed-out clients, for /metrics."""
 
@@ -252,7 +258,9 @@ class ClientRequest:
 
     # ---- the answer --------------------------------------------------------------------------
 
-    def _head_bytes(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> list[bytes]:
+    def _head_bytes(
+        self, status: int, headers: list[tuple[bytes, bytes]], length: int | None, own: bytes
+    ) -> list[bytes]:
         self.response_started = True
         self._expect_continue = False
         if self.more_body:
@@ -270,6 +278,8 @@ class ClientRequest:
                 self.keep_alive = False
             head.append(field)
             head.append(value)
+        if own:
+            head.append(own)
         if length is not None:
             head.append(b"\r\ncontent-length: %d\r\n" % length)
         else:
@@ -278,15 +288,20 @@ class ClientRequest:
             head.append(_CONNECTION_CLOSE)
         return head
 
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        """A whole answer with a Content-Length, head and body in one write."""
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, own: bytes = b"") -> None:
+        """A whole answer with a Content-Length, head and body in one write.
+
+        ``own``: header fields the caller wrote itself, after ``headers``, each as
+        ``b"\\r\\nname: value"`` (``field_start(name) + value``): names lower-case, and never
+        Content-Length or Connection (the server's), so they go out as they are.
+        """
         if self.response_started:
             raise RuntimeError("the answer was already started")
         if self.disconnected:  # the client is gone (or the server refused it): nothing goes out
             self.response_started = True
             self._complete()
             return
-        head = self._head_bytes(status, headers, len(body))
+        head = self._head_bytes(status, headers, len(body), own)
         head.append(b"\r\n")
         if self.method != "HEAD":
             head.append(body)
@@ -294,14 +309,15 @@ class ClientRequest:
             self._connection.transport.write(b"".join(head))
         self._complete()
 
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        """The head of a streamed answer (chunked), sent at the end of this event-loop turn."""
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], own: bytes = b"") -> None:
+        """The head of a streamed answer (chunked), sent at the end of this event-loop turn
+        (``own`` as for ``respond``)."""
         if self.response_started:
             raise RuntimeError("the answer was already started")
         if self.disconnected:
             self.response_started = True
             return
-        head = self._head_bytes(status, headers, None)
+        head = self._head_bytes(status, headers, None, own)
         self._chunked = self.method != "HEAD" and status not in (204, 304)
         if self._chunked:
             head.append(_CHUNKED)

@@ -12,8 +12,9 @@ import asyncio
 import time
 from typing import Final
 
+from routing.contract import NodeSpec
 from routing.errors import GatewayError
-from routing.http.client_side import ClientRequest
+from routing.http.client_side import ClientRequest, field_start
 from routing.http.headers import filter_response_headers
 from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
 from routing.http.usage import USAGE_TAIL_BYTES
@@ -43,6 +44,25 @@ class Relay:
         self._breakers = breakers
         self._metrics = metrics
         self._tracing = tracing
+        # The answer's first gateway fields per node of ``_fields_table`` (its node and policy
+        # version, and the name of the request id's): the same bytes on every answer of a table.
+        self._fields_table: RoutingTable | None = None
+        self._fields: dict[int, bytes] = {}
+
+    def _node_fields(self, table: RoutingTable, node: NodeSpec) -> bytes:
+        if table is not self._fields_table:
+            self._fields_table = table
+            self._fields = {}
+        fields = self._fields.get(node.id)
+        if fields is None:
+            fields = self._fields[node.id] = (
+                b"\r\nx-gorgo-node: %s\r\nx-gorgo-policy-version: %s\r\nx-request-id: "
+                % (
+                    node.name.encode(),
+                    table.version_header,
+                )
+            )
+        return fields
 
     async def answer(
         self, client: ClientRequest, exchange: Exchange, table: RoutingTable, response: UpstreamResponse
@@ -53,18 +73,22 @@ class Relay:
         upstream_s = _perf_counter() - exchange.sent_s
         exchange.status = status = response.status
         out_headers = filter_response_headers(response.raw_headers)
-        out_headers += (
-            (b"x-gorgo-node", node.name.encode()),
-            (b"x-gorgo-policy-version", table.version_header),
-            (b"x-request-id", exchange.request_id.encode()),
-            (
-                b"server-timing",
-                # bytes' own %: compiled, an f-string formats each float through a method call
-                b"route;dur=%.3f, upstream;dur=%.3f" % (exchange.routing_s * 1000, upstream_s * 1000),
-            ),
+        # The gateway's own fields after the node's, written here as the head's bytes (the client
+        # side's per-field work is for headers it has to check: ~2 k instructions an answer less).
+        own = b"%s%s\r\nserver-timing: route;dur=%.3f, upstream;dur=%.3f" % (
+            self._node_fields(table, node),
+            exchange.request_id.encode(),
+            # bytes' own %: compiled, an f-string formats each float through a method call
+            exchange.routing_s * 1000,
+            upstream_s * 1000,
         )
-        if exchange.grant is not None and exchange.grant.headers:
-            out_headers += exchange.grant.headers
+        grant = exchange.grant
+        if grant is not None and grant.headers:
+            pieces = [own]
+            for name, value in grant.headers:
+                pieces.append(field_start(name))
+                pieces.append(value)
+            own = b"".join(pieces)
         if response.content_type != "text/event-stream":
             try:
                 data = await response.read()
@@ -81,7 +105,7 @@ class Relay:
             exchange.finished = True
             exchange.response_started = True
             exchange.ttft_s = _perf_counter() - exchange.arrival_s
-            client.respond(status, out_headers, data)  # head and body in one write
+            client.respond(status, out_headers, data, own)  # head and body in one write
             exchange.bytes_out = len(data)
             if status == 200 and not response.content_encoded:
                 exchange.usage = parse_usage(data)
@@ -91,7 +115,7 @@ class Relay:
             return
 
         exchange.response_started = True
-        client.start(status, out_headers)
+        client.start(status, out_headers, own)
         tail = b""
         bytes_out = 0
         loop = asyncio.get_running_loop()
