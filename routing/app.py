@@ -205,7 +205,7 @@ class Gateway:
             max_open_s=config.breaker_max_open_s,
         )
         admission = Admission(
-            inflight.outstanding,
+            inflight,
             factor=config.admission_factor,
             max_length=config.queue_max_length,
             max_wait_s=config.queue_max_wait_s,
