@@ -22,7 +22,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Final
 
 from routing.algorithms import least_load
@@ -138,6 +137,49 @@ class Dispatch:
             if endpoint is not None:
                 return proxy.handle(request, endpoint)
         return self._other(request)
+
+
+class _Reroute:
+    """A retry's choice among the nodes left: the proxy's routing with the request's own inputs
+    (the live policy or its canary, the index; no shadow, which judged the first choice only).
+
+    Not a lambda: compiled, a lambda holds the coroutine's environment, which holds the retry
+    loop's (a temporary across the await), which holds the lambda: a cycle per request left for
+    the garbage collector (tests/routing/test_request_garbage.py). Nor a ``partial`` with keyword
+    arguments: that built a dict per request (~2 k instructions), used only on a retry.
+    """
+
+    __slots__ = ("_endpoint", "_prompt_ids", "_prompt_text", "_proxy", "_request", "_route", "_table")
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        table: RoutingTable,
+        request: RoutingRequest,
+        prompt_text: str,
+        prompt_ids: PromptIds | None,
+        route: TrialRoute | None,
+        endpoint: Endpoint,
+    ) -> None:
+        self._proxy = proxy
+        self._table = table
+        self._request = request
+        self._prompt_text = prompt_text
+        self._prompt_ids = prompt_ids
+        self._route = route
+        self._endpoint = endpoint
+
+    def __call__(self, candidates: tuple[NodeSpec, ...]) -> Decision:
+        return self._proxy._route(
+            self._table,
+            candidates,
+            self._request,
+            self._prompt_text,
+            self._prompt_ids,
+            self._route,
+            None,
+            self._endpoint,
+        )
 
 
 class Proxy:
@@ -489,19 +531,7 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            # Not a lambda: compiled, a lambda holds this coroutine's environment, which holds the
-            # retry loop's (a temporary across the await), which holds the lambda: a cycle per
-            # request left for the garbage collector (tests/routing/test_request_garbage.py).
-            partial(
-                self._route,
-                table,
-                request=request,
-                prompt_text=parsed.prompt_text,
-                prompt_ids=prompt_ids,
-                route=route,
-                exchange=None,
-                endpoint=endpoint,
-            ),
+            _Reroute(self, table, request, parsed.prompt_text, prompt_ids, route, endpoint),
             task,
         )
         try:
