@@ -14,7 +14,7 @@ from typing import Final
 
 from routing.contract import NodeSpec
 from routing.errors import GatewayError
-from routing.http.client_side import ClientRequest, field_start
+from routing.http.client_side import ClientRequest
 from routing.http.headers import filter_response_headers
 from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
 from routing.http.usage import USAGE_TAIL_BYTES
@@ -83,12 +83,8 @@ class Relay:
             upstream_s * 1000,
         )
         grant = exchange.grant
-        if grant is not None and grant.headers:
-            pieces = [own]
-            for name, value in grant.headers:
-                pieces.append(field_start(name))
-                pieces.append(value)
-            own = b"".join(pieces)
+        if grant is not None and grant.head:
+            own += grant.head
         if response.content_type != "text/event-stream":
             try:
                 data = await response.read()
