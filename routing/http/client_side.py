@@ -110,6 +110,16 @@ def field_start(name: bytes) -> bytes:
     return field if field is not None else _field_start(name)
 
 
+def _handed(waiter: asyncio.Future[ClientRequest | None], request: ClientRequest) -> bool:
+    """``waiter`` takes ``request``, unless it is done already (cancelled): no ``done()`` call
+    first, which costs as much as the ``set_result`` (compiled, both are generic method calls)."""
+    try:
+        waiter.set_result(request)
+    except asyncio.InvalidStateError:
+        return False
+    return True
+
+
 class ClientStats:
     """One server's connections and its counters of refused and timed-out clients, for /metrics."""
 
@@ -658,8 +668,8 @@ class ClientConnection(asyncio.Protocol):
         self._current = request
         waiter, self._waiter = self._waiter, None
         task = self._task
-        if task is not None and waiter is not None and not waiter.done():
-            waiter.set_result(request)  # the connection's task waits for it
+        if task is not None and waiter is not None and _handed(waiter, request):
+            pass  # the connection's task waits for it
         elif task is not None and waiter is None and not task.done():
             self._next = request  # the task still finishes the request before: this one is next
         else:

@@ -292,8 +292,11 @@ class _Connection(asyncio.Protocol):
         response.content_type = media_type if media_type is not None else _media_type(content_type)
         waiter = self.head_waiter
         self.head_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(response)
+        if waiter is not None:
+            try:  # not done() first: as costly as set_result (compiled, generic method calls)
+                waiter.set_result(response)
+            except asyncio.InvalidStateError:
+                pass  # cancelled (the request was): nobody waits
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None:

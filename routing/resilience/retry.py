@@ -130,6 +130,7 @@ class Retrier:
                     node.id,
                     table.base_urls[node.id],
                     self._hung_timers,
+                    self._client.loop,
                 )
                 if first_byte_s is None and self._prober is not None and task is not None
                 else None
