@@ -196,7 +196,7 @@ class RoutingView:
         )
 
 
-_NO_LOAD = NodeLoad()
+_NO_LOAD: Final = NodeLoad()
 
 
 class Decision:

@@ -19,16 +19,17 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from routing.contract import NodeSpec
 from routing.errors import GatewayError
 from routing.state.inflight import InFlight
 
-_POLL_S = 0.1
-INTERACTIVE = "interactive"
-BATCH = "batch"
-FULL = "full"
-TIMEOUT = "timeout"
+_POLL_S: Final = 0.1
+INTERACTIVE: Final = "interactive"
+BATCH: Final = "batch"
+FULL: Final = "full"
+TIMEOUT: Final = "timeout"
 
 
 class _Waiter:

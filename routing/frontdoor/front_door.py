@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
@@ -22,9 +23,9 @@ from routing.http.headers import RequestHeaders
 from routing.http.usage import Usage
 from routing.observability.exporter import GatewayMetrics
 
-CONCURRENCY = "concurrency"
+CONCURRENCY: Final = "concurrency"
 # Credentials already checked against the current key set, at most this many (then forgotten).
-_KNOWN_CREDENTIALS_MAX = 10_000
+_KNOWN_CREDENTIALS_MAX: Final = 10_000
 
 
 class Grant:

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Final
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -37,7 +38,7 @@ from routing.contract import ClientKeySpec, RedisKeys
 
 logger = logging.getLogger("routing.ratelimit")
 
-_WINDOW_MS = 60_000  # limits are per minute
+_WINDOW_MS: Final = 60_000  # limits are per minute
 
 # KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
 # extra requests and extra tokens to lease for the gateway's next requests (only what is there).
@@ -102,8 +103,8 @@ redis.call('HSET', KEYS[1], 't', tostring(t))
 return 1
 """
 
-REQUESTS = "requests"
-TOKENS = "tokens"
+REQUESTS: Final = "requests"
+TOKENS: Final = "tokens"
 
 
 class Verdict:

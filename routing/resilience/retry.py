@@ -48,7 +48,7 @@ _perf_counter: Final = time.perf_counter  # a C static, compiled: no module look
 Reroute = Callable[[tuple[NodeSpec, ...]], Decision]
 # Answers another node may well not give: the node's trouble, not the request's (501, an
 # unsupported feature, would be the same everywhere).
-RETRIED_STATUSES = frozenset((500, 502, 503, 504))
+RETRIED_STATUSES: Final = frozenset((500, 502, 503, 504))
 
 
 class Attempt:
