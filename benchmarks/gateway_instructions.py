@@ -20,7 +20,7 @@ leases) weigh ~50x more per request than in production: read differences in the 
 (``--top`` prints the compiled functions' inclusive counts per request, side by side).
 
 ``--router`` also counts the Rust vllm-router (round robin over the same mock nodes, the same
-``wrk -c32`` load without a client key; ``pip install -e '.[peers]'`` in the first variant's
+``wrk -c32`` load without a client key; ``pip install -e '.[peers]'`` in a variant's
 checkout): the yardstick of issue 25, counted the same way.
 
 A variant is ``name=checkout[:pure|:compiled[:workers[:shadow]]]``: ``shadow`` names a shadow
@@ -328,7 +328,7 @@ def main() -> int:
     parser.add_argument(
         "--router",
         action="store_true",
-        help="also count the Rust vllm-router (from the first variant's .venv)",
+        help="also count the Rust vllm-router (from a variant's .venv)",
     )
     parser.add_argument("--shadow-params", default="{}", help="a shadow variant's policy parameters (JSON)")
     args = parser.parse_args()
@@ -337,6 +337,12 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")
     variants = [_parse_variant(spec) for spec in args.variant]
+    router = None
+    if args.router:  # the first variant's checkout that has it (checked before anything runs)
+        found = [c / ".venv" / "bin" / "vllm-router" for _, c, *_ in variants]
+        router = next((path for path in found if path.exists()), None)
+        if router is None:
+            raise SystemExit("--router: no variant's .venv has vllm-router (pip install -e '.[peers]')")
     redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-instructions-"))
     mocks = [
@@ -373,10 +379,7 @@ def main() -> int:
                     f"  idle: {row['idle_instructions_per_second'] / 1e6:.1f} M instructions per second",
                     flush=True,
                 )
-        if args.router:
-            router = variants[0][1] / ".venv" / "bin" / "vllm-router"
-            if not router.exists():
-                raise SystemExit(f"--router: no {router} (pip install -e '.[peers]' there)")
+        if router is not None:
             row = measure_router(str(router), args.seconds, mocks, workdir, args.idle)
             results.append(row)
             first = results[0]["instructions_per_request"]

@@ -131,7 +131,7 @@ def main() -> int:
     )
     parser.add_argument("--variant", action="append", default=[], help="name=checkout (with its .venv)")
     parser.add_argument(
-        "--router", action="store_true", help="also the Rust vllm-router (first variant's .venv)"
+        "--router", action="store_true", help="also the Rust vllm-router (from a variant's .venv)"
     )
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--json", type=Path)
@@ -143,6 +143,12 @@ def main() -> int:
     for spec in args.variant or ["this=."]:
         name, _, checkout = spec.partition("=")
         variants.append((name, Path(checkout or ".").resolve()))
+    router = None
+    if args.router:  # the first variant's checkout that has it (checked before anything runs)
+        found = [checkout / ".venv" / "bin" / "vllm-router" for _, checkout in variants]
+        router = next((path for path in found if path.exists()), None)
+        if router is None:
+            raise SystemExit("--router: no variant's .venv has vllm-router (pip install -e '.[peers]')")
     redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-syscalls-"))
     mocks = [
@@ -155,10 +161,7 @@ def main() -> int:
     try:
         for name, checkout in variants:
             results.append(measure_gateway(name, checkout, mocks, workdir, redis_url, args.seconds))
-        if args.router:
-            router = variants[0][1] / ".venv" / "bin" / "vllm-router"
-            if not router.exists():
-                raise SystemExit(f"--router: no {router} (pip install -e '.[peers]' there)")
+        if router is not None:
             results.append(measure_router(str(router), mocks, workdir, args.seconds))
     finally:
         for mock in mocks:
