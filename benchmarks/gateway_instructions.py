@@ -19,6 +19,10 @@ fewer requests per second, so its timed background loops (load exchange, log flu
 leases) weigh ~50x more per request than in production: read differences in the request path
 (``--top`` prints the compiled functions' inclusive counts per request, side by side).
 
+``--router`` also counts the Rust vllm-router (round robin over the same mock nodes, the same
+``wrk -c32`` load without a client key; ``pip install -e '.[peers]'`` in a variant's
+checkout): the yardstick of issue 25, counted the same way.
+
 A variant is ``name=checkout[:pure|:compiled[:workers[:shadow]]]``: ``shadow`` names a shadow
 policy's algorithm run beside the live one (issue 23; its parameters from ``--shadow-params``);
 ``--algorithm`` sets the live policy of every variant. The checkout needs its own ``.venv`` (and, for
@@ -189,6 +193,82 @@ def measure(
     }
 
 
+def measure_router(router: str, seconds: float, mocks: list, workdir: Path, idle_s: float = 0.0) -> dict:
+    """The Rust vllm-router's instructions per request, counted like a gateway's (all its threads)."""
+    prefix = f"gorgoinstr-{uuid.uuid4().hex[:12]}"
+    port = bench.free_port()
+    out = workdir / "callgrind-vllm-router.%p"
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--trace-children=yes",
+        f"--callgrind-out-file={out}",
+        router,
+        "--worker-urls",
+        *(f"http://127.0.0.1:{m.port}" for m in mocks),
+        *("--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+    ]
+    target = bench._start("vllm-router", argv, workdir, port=port, timeout_s=300)
+    script = workdir / "post-router.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(bench.CHAT_BODY.decode())}\n"
+    )
+    try:
+        bench.latency_c1(port, 100, 50)  # warm-up, not counted
+        pids = [str(pid) for pid in _group_pids(target.process.pid)]
+        _control("--instr=on", pids)
+        result = subprocess.run(
+            [
+                "wrk",
+                "-t1",
+                "-c32",
+                f"-d{seconds:g}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(script),
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
+        )
+        _control("--instr=off", pids)
+        _control(f"--dump={prefix}-load", pids)
+        time.sleep(1)
+        idle = {}
+        if idle_s > 0:
+            _control("--zero", pids)
+            _control("--instr=on", pids)
+            time.sleep(idle_s)
+            _control("--instr=off", pids)
+            _control(f"--dump={prefix}-idle", pids)
+            time.sleep(1)
+    finally:
+        target.stop()
+    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
+        raise RuntimeError(f"vllm-router: wrk saw errors:\n{result.stdout}")
+    requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
+    total = _totals(_dumps(workdir, "vllm-router", f"{prefix}-load"))
+    if idle_s > 0:
+        idle = {
+            "idle_seconds": idle_s,
+            "idle_instructions_per_second": _totals(_dumps(workdir, "vllm-router", f"{prefix}-idle"))
+            / idle_s,
+        }
+    return {
+        "name": "vllm-router",
+        "checkout": router,
+        "requests": requests,
+        "instructions_per_request": total / requests,
+        "functions": {},
+        **idle,
+    }
+
+
 def _group_pids(leader: int) -> list[int]:
     """The live processes of ``leader``'s process group (the gateway and its workers)."""
     pids = []
@@ -245,6 +325,11 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--algorithm", default="gorgo", help="the live policy's algorithm (default gorgo)")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="also count the Rust vllm-router (from a variant's .venv)",
+    )
     parser.add_argument("--shadow-params", default="{}", help="a shadow variant's policy parameters (JSON)")
     args = parser.parse_args()
     shadow_params = json.loads(args.shadow_params)
@@ -252,6 +337,12 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")
     variants = [_parse_variant(spec) for spec in args.variant]
+    router = None
+    if args.router:  # the first variant's checkout that has it (checked before anything runs)
+        found = [c / ".venv" / "bin" / "vllm-router" for _, c, *_ in variants]
+        router = next((path for path in found if path.exists()), None)
+        if router is None:
+            raise SystemExit("--router: no variant's .venv has vllm-router (pip install -e '.[peers]')")
     redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-instructions-"))
     mocks = [
@@ -288,6 +379,15 @@ def main() -> int:
                     f"  idle: {row['idle_instructions_per_second'] / 1e6:.1f} M instructions per second",
                     flush=True,
                 )
+        if router is not None:
+            row = measure_router(str(router), args.seconds, mocks, workdir, args.idle)
+            results.append(row)
+            first = results[0]["instructions_per_request"]
+            print(
+                f"vllm-router: {row['requests']} requests, {row['instructions_per_request'] / 1e3:.1f} k "
+                f"instructions per request ({row['instructions_per_request'] / first:.3f}x {results[0]['name']})",
+                flush=True,
+            )
     finally:
         for mock in mocks:
             mock.stop()

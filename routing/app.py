@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -33,7 +33,7 @@ from routing.cache.kv_events.manager import KVEvents
 from routing.cache.kv_events.report import report_kv_state
 from routing.cache.kv_events.subscriber import EventSource
 from routing.cache.model_folder import tokenizer_files
-from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN, Endpoint, PrefixIndex
+from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN, PrefixIndex
 from routing.cache.token_ratio import CharsPerToken
 from routing.cache.tokenization import Tokenizers
 from routing.config import GatewayConfig
@@ -50,7 +50,7 @@ from routing.http.upstream import UpstreamClient
 from routing.observability.exporter import CONTENT_TYPE, GatewayMetrics, StateCollector
 from routing.observability.request_log import RequestLog
 from routing.observability.tracing import GatewayTracing, tracing_from_env
-from routing.proxy.handler import Proxy
+from routing.proxy.handler import ENDPOINTS, Dispatch, Proxy
 from routing.resilience.breaker import Breakers
 from routing.resilience.node_probe import NodeProber
 from routing.state.inflight import InFlight
@@ -62,11 +62,6 @@ from routing.state.table import RoutingTable
 logger = logging.getLogger("routing.app")
 
 _GC_GEN0_THRESHOLD = 10_000
-_ENDPOINTS: dict[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
 _SUPPORTED = "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models"
 # vLLM's other endpoints, and why the gateway does not route them (501, so a client can tell "not
 # here" from a typo'd path).
@@ -152,6 +147,9 @@ class Gateway:
         self.inflight = InFlight(config.region)
         self.tracing = tracing  # None: from the OTEL_* environment (off unless an endpoint is set)
         self.runtime: Runtime | None = None
+        # What the client side calls per request (compiled: a proxied request's awaitable is the
+        # proxy's own coroutine, no Python frame in between); the rest goes to ``_handle``.
+        self.handle = Dispatch(self._handle)
         self.client_stats = ClientStats()  # the client side's connections and refusals, for /metrics
 
     # ---- lifespan ----------------------------------------------------------------------------
@@ -209,7 +207,7 @@ class Gateway:
             max_open_s=config.breaker_max_open_s,
         )
         admission = Admission(
-            inflight.outstanding,
+            inflight,
             factor=config.admission_factor,
             max_length=config.queue_max_length,
             max_wait_s=config.queue_max_wait_s,
@@ -289,6 +287,7 @@ class Gateway:
             prober,
             tracing,
         )
+        self.handle.proxy = proxy
         if front_door is not None:
             # First, so their connections and scripts are warm by the first request: the awaits
             # below take a few round trips when Redis is in another region.
@@ -323,6 +322,7 @@ class Gateway:
 
     async def shutdown(self) -> None:
         runtime, self.runtime = self.runtime, None
+        self.handle.proxy = None
         if runtime is None:
             return
         await runtime.store.close()
@@ -377,27 +377,15 @@ class Gateway:
 
     # ---- HTTP --------------------------------------------------------------------------------
 
-    def handle(self, request: ClientRequest) -> Awaitable[None]:
-        """Answer one request (the client side calls this for each and awaits what it returns; it
-        never raises for a client's mistake: every error is an OpenAI-shaped answer).
-
-        A proxied request's awaitable is the proxy's own coroutine (compiled), not one of this
-        module's around it: a Python coroutine in between is resumed through the interpreter each
-        time the request waits (~4 k instructions a request)."""
-        runtime = self.runtime
-        if runtime is not None and request.method == "POST":
-            endpoint = _ENDPOINTS.get(request.path)
-            if endpoint is not None:
-                return runtime.proxy.handle(request, endpoint)
-        return self._handle(request)
-
     async def _handle(self, request: ClientRequest) -> None:
+        """Answer a request ``handle`` (the ``Dispatch``) does not send to the proxy itself; never
+        raises for a client's mistake: every error is an OpenAI-shaped answer."""
         path = request.path
         runtime = self.runtime
         if runtime is None:
             _send_error(request, GatewayError(503, "The gateway is starting.", retry_after_s=1))
             return
-        endpoint = _ENDPOINTS.get(path)
+        endpoint = ENDPOINTS.get(path)
         method = request.method
         if endpoint is not None:
             if method != "POST":

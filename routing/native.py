@@ -54,6 +54,7 @@ MODULES = (
     "routing.http.client_side",
     "routing.http.headers",
     "routing.http.upstream",
+    "routing.http.usage_read",
     "routing.observability.exporter",
     "routing.observability.request_log",
     "routing.proxy.exchange",

@@ -208,7 +208,7 @@ class RoutingView:
         )
 
 
-_NO_LOAD = NodeLoad()
+_NO_LOAD: Final = NodeLoad()
 
 
 # Family keys of a prefix (``PrefixRent.keys``) start at this many chunks (4 KiB of prompt text,

@@ -23,12 +23,14 @@ abroad), as a cache-aware router per region behind geo-DNS behaves.
 
 from __future__ import annotations
 
+from typing import Final
+
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, NodeLoad, RoutingRequest, RoutingView
 from routing.contract import CostTerms, PrefixAffinityParams
 
-_DEFAULT_PARAMS = PrefixAffinityParams()
-_NO_LOAD = NodeLoad()
+_DEFAULT_PARAMS: Final = PrefixAffinityParams()
+_NO_LOAD: Final = NodeLoad()
 
 
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:

@@ -15,12 +15,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from functools import lru_cache
 from hashlib import blake2b
+from typing import Final
 
 from routing.algorithms import least_load
 from routing.algorithms.base import AlgorithmInfo, Decision, RoutingRequest, RoutingView
 from routing.contract import SessionAffinityParams
 
-_DEFAULT_PARAMS = SessionAffinityParams()
+_DEFAULT_PARAMS: Final = SessionAffinityParams()
 
 
 def choose(view: RoutingView, request: RoutingRequest) -> Decision:

@@ -39,6 +39,7 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 import xxhash
 from mypy_extensions import mypyc_attr
@@ -50,15 +51,15 @@ from routing.contract import NodeSpec, PrefixUpdate
 # chunks (vLLM's 16-token blocks) cost ~45 us for a finer match that prompts of thousands of
 # tokens do not need. Measured in benchmarks/routing_decision.py. Every gateway of a fleet must use
 # the same chunk size and hash, or they cannot share.
-CHUNK_BYTES = 256
-DEFAULT_TTL_S = 600.0
+CHUNK_BYTES: Final = 256
+DEFAULT_TTL_S: Final = 600.0
 # Capacity of a node the index has not been told about (sync_nodes fixes it at the next snapshot).
-DEFAULT_CAPACITY_TOKENS = 65_536
+DEFAULT_CAPACITY_TOKENS: Final = 65_536
 # Insertions kept for the sharing task; beyond this the oldest are dropped (sharing is best-effort).
-OUTBOX_MAX = 4096
+OUTBOX_MAX: Final = 4096
 # Weight of one observation in a node's trust, and how fast distrust fades.
-TRUST_ALPHA = 0.3
-TRUST_HALF_LIFE_S = 30.0
+TRUST_ALPHA: Final = 0.3
+TRUST_HALF_LIFE_S: Final = 30.0
 
 _hash_chunk = xxhash.xxh3_64_intdigest
 

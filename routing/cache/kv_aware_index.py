@@ -23,6 +23,7 @@ import time
 from array import array
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from xxhash import xxh3_64_intdigest
 
@@ -32,13 +33,13 @@ from routing.cache.kv_events.subscriber import Mode
 from routing.cache.precise_index import Tenant, block_keys, extend_block_keys
 from routing.contract import NodeSpec
 
-PENDING_S = 2.0
-PENDING_MAX_PER_NODE = 256  # prompts remembered per node while their events are on the way
+PENDING_S: Final = 2.0
+PENDING_MAX_PER_NODE: Final = 256  # prompts remembered per node while their events are on the way
 # Block keys of recent prompts, found again by a digest of their first ANCHOR_BLOCKS * k blocks:
 # a new turn repeats its system prompt and history, so only its new blocks are keyed (~5 us a
 # 64-block probe instead of ~0.2 us per block for all of them).
-ANCHOR_BLOCKS = 64
-KEY_CACHE_PROMPTS = 256
+ANCHOR_BLOCKS: Final = 64
+KEY_CACHE_PROMPTS: Final = 256
 
 
 class KVAwareIndex:

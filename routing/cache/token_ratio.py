@@ -19,15 +19,17 @@ model (the index's chunk sizes would then have to follow per node).
 
 from __future__ import annotations
 
+from typing import Final
+
 # Weight of one request's observation; about the last 50 requests count.
-DECAY = 0.02
+DECAY: Final = 0.02
 # Requests observed before the learned ratio replaces the policy's.
-MIN_OBSERVATIONS = 20
+MIN_OBSERVATIONS: Final = 20
 # The value in use follows the learned ratio only once they differ by more than this.
-CHANGE_BAND = 0.03
+CHANGE_BAND: Final = 0.03
 # The bounds GorgoParams.chars_per_token accepts.
-MIN_RATIO = 0.5
-MAX_RATIO = 20.0
+MIN_RATIO: Final = 0.5
+MAX_RATIO: Final = 20.0
 
 
 class CharsPerToken:

@@ -19,15 +19,17 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from routing.contract import NodeSpec
 from routing.errors import GatewayError
+from routing.state.inflight import InFlight
 
-_POLL_S = 0.1
-INTERACTIVE = "interactive"
-BATCH = "batch"
-FULL = "full"
-TIMEOUT = "timeout"
+_POLL_S: Final = 0.1
+INTERACTIVE: Final = "interactive"
+BATCH: Final = "batch"
+FULL: Final = "full"
+TIMEOUT: Final = "timeout"
 
 
 class _Waiter:
@@ -44,7 +46,7 @@ class Admission:
 
     def __init__(
         self,
-        outstanding: Callable[[int], int],
+        inflight: InFlight,
         *,
         factor: float = 2.0,
         max_length: int = 512,
@@ -52,7 +54,9 @@ class Admission:
         on_wait: Callable[[str, float], None] | None = None,
         on_reject: Callable[[str, str], None] | None = None,
     ) -> None:
-        self._outstanding = outstanding  # node id -> outstanding requests (ours + peers')
+        # Outstanding requests per node, ours + peers' (a native call, compiled: a callable stored
+        # here was a generic call per candidate and request).
+        self._inflight = inflight
         self._factor = factor
         self._max_length = max_length
         self._max_wait_s = max_wait_s
@@ -71,7 +75,7 @@ class Admission:
 
     def _has_room(self, node: NodeSpec) -> bool:
         # Below ceil(max_num_seqs * factor): for a whole count, the same as below the product.
-        taken = self._outstanding(node.id)
+        taken = self._inflight.outstanding(node.id)
         reserved = self._reserved
         if reserved:
             taken += reserved.get(node.id, 0)

@@ -8,16 +8,18 @@ clock come in, nothing is read from Redis here.
 
 from __future__ import annotations
 
+from typing import Final
+
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
 from routing.frontdoor.keystore import KeyStore
 
-MISSING = "missing"
-INVALID = "invalid"
-REVOKED = "revoked"
-EXPIRED = "expired"
-MODEL_NOT_ALLOWED = "model_not_allowed"
-REGION_NOT_ALLOWED = "region_not_allowed"
+MISSING: Final = "missing"
+INVALID: Final = "invalid"
+REVOKED: Final = "revoked"
+EXPIRED: Final = "expired"
+MODEL_NOT_ALLOWED: Final = "model_not_allowed"
+REGION_NOT_ALLOWED: Final = "region_not_allowed"
 
 
 class AuthError(GatewayError):

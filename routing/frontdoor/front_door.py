@@ -11,30 +11,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
 from routing.contract import ClientKeySpec
 from routing.errors import GatewayError
 from routing.frontdoor.auth import AuthError, authenticate, authorize, presented_secret
 from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.keystore import KeyStore
-from routing.frontdoor.ratelimit import RateLimiter
+from routing.frontdoor.ratelimit import RateLimiter, header_lines
 from routing.http.headers import RequestHeaders
 from routing.http.usage import Usage
 from routing.observability.exporter import GatewayMetrics
 
-CONCURRENCY = "concurrency"
+CONCURRENCY: Final = "concurrency"
 # Credentials already checked against the current key set, at most this many (then forgotten).
-_KNOWN_CREDENTIALS_MAX = 10_000
+_KNOWN_CREDENTIALS_MAX: Final = 10_000
 
 
 class Grant:
-    """What ``admit`` granted one request: undone by ``done``."""
+    """What ``admit`` granted one request: undone by ``done``. ``head``: its ``x-ratelimit-*``
+    headers as the answer's head bytes (``ratelimit.header_lines``; empty for a key without limits)."""
 
-    __slots__ = ("charged_tokens", "headers")
+    __slots__ = ("charged_tokens", "head")
 
-    def __init__(self, charged_tokens: int, headers: list[tuple[bytes, bytes]] | None) -> None:
+    def __init__(self, charged_tokens: int, head: bytes) -> None:
         self.charged_tokens = charged_tokens
-        self.headers = headers
+        self.head = head
 
 
 class FrontDoor:
@@ -106,20 +108,22 @@ class FrontDoor:
                 code="rate_limit_exceeded",
                 retry_after_s=1,
             )
-        headers = None
+        head = b""
         charged = 0
         if key.requests_per_min or key.tokens_per_min:
-            headers = self.limiter.from_lease(key, prompt_tokens_est)  # the common case: no I/O
-            if headers is None:
+            leased = self.limiter.head_from_lease(key, prompt_tokens_est)  # the common case: no I/O
+            if leased is None:
                 try:
-                    headers = await self._check(key, prompt_tokens_est)
+                    head = header_lines(await self._check(key, prompt_tokens_est))
                 except BaseException:
                     if slot:
                         self.concurrency.release(key)
                     raise
+            else:
+                head = leased
             charged = prompt_tokens_est if key.tokens_per_min else 0
         self.store.used.add(key.id)
-        return Grant(charged, headers)
+        return Grant(charged, head)
 
     async def _check(self, key: ClientKeySpec, prompt_tokens_est: int) -> list[tuple[bytes, bytes]]:
         """The rate limits when this gateway's lease does not cover the request: Redis; 429 if used up."""

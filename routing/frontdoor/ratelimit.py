@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Final
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -37,7 +38,7 @@ from routing.contract import ClientKeySpec, RedisKeys
 
 logger = logging.getLogger("routing.ratelimit")
 
-_WINDOW_MS = 60_000  # limits are per minute
+_WINDOW_MS: Final = 60_000  # limits are per minute
 
 # KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
 # extra requests and extra tokens to lease for the gateway's next requests (only what is there).
@@ -102,8 +103,8 @@ redis.call('HSET', KEYS[1], 't', tostring(t))
 return 1
 """
 
-REQUESTS = "requests"
-TOKENS = "tokens"
+REQUESTS: Final = "requests"
+TOKENS: Final = "tokens"
 
 
 class Verdict:
@@ -127,6 +128,12 @@ def _reset_text(ms: float) -> bytes:
 
 def _remaining(limit: int, left: float) -> bytes:
     return str(min(limit, max(0, int(left)))).encode()
+
+
+def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """``x-ratelimit-*`` headers as an answer head's fields, ``b"\\r\\nname: value"`` each (the
+    client side's ``respond(own=...)``; the names are lower-case already)."""
+    return b"".join([b"\r\n" + name + b": " + value for name, value in headers])
 
 
 def make_verdict(key: ClientKeySpec, raw: list[int] | tuple[float, ...]) -> Verdict:
@@ -251,7 +258,7 @@ class _Lease:
     remaining counts change per request, so the rest is built once per lease, not per request.
     """
 
-    __slots__ = ("limits", "requests", "shared_requests", "shared_tokens", "template", "tokens")
+    __slots__ = ("_pieces", "limits", "requests", "shared_requests", "shared_tokens", "template", "tokens")
 
     def __init__(self, key: ClientKeySpec, requests: float, tokens: float, raw: list[int]) -> None:
         self.limits = (key.requests_per_min or 0, key.tokens_per_min or 0)
@@ -261,6 +268,20 @@ class _Lease:
         self.shared_requests = raw[2]
         self.shared_tokens = raw[4]
         self.template = make_verdict(key, raw).headers
+        # ``head``'s bytes around the two remaining counts: [before requests', before tokens',
+        # after] with both limits, [before the one count, after] with one.
+        lines = [b"\r\n" + name + b": " + value for name, value in self.template]
+        rpm, tpm = self.limits
+        self._pieces: tuple[bytes, ...] = ()
+        if rpm and tpm:
+            self._pieces = (
+                lines[0] + b"\r\nx-ratelimit-remaining-requests: ",
+                lines[2] + lines[3] + b"\r\nx-ratelimit-remaining-tokens: ",
+                lines[5],
+            )
+        elif rpm or tpm:
+            remaining = b"requests" if rpm else b"tokens"
+            self._pieces = (lines[0] + b"\r\nx-ratelimit-remaining-" + remaining + b": ", lines[2])
 
     def headers(self, cost_tokens: int) -> list[tuple[bytes, bytes]]:
         """The headers of a request just charged ``cost_tokens`` (and one request) to this lease.
@@ -282,6 +303,25 @@ class _Lease:
                 _remaining(tpm - cost_tokens, self.shared_tokens + self.tokens),
             )
         return headers
+
+    def head(self, cost_tokens: int) -> bytes:
+        """``headers(cost_tokens)`` as the answer's head bytes (``header_lines`` of them), from the
+        lease's prebuilt pieces: the answer's per-field work is for the two counts only."""
+        rpm, tpm = self.limits
+        pieces = self._pieces
+        if rpm and tpm:
+            return (
+                pieces[0]
+                + _remaining(rpm - 1, self.shared_requests + self.requests)
+                + pieces[1]
+                + _remaining(tpm - cost_tokens, self.shared_tokens + self.tokens)
+                + pieces[2]
+            )
+        if rpm:
+            return pieces[0] + _remaining(rpm - 1, self.shared_requests + self.requests) + pieces[1]
+        if tpm:
+            return pieces[0] + _remaining(tpm - cost_tokens, self.shared_tokens + self.tokens) + pieces[1]
+        return b""
 
 
 class RateLimiter:
@@ -321,6 +361,15 @@ class RateLimiter:
     def from_lease(self, key: ClientKeySpec, cost_tokens: int) -> list[tuple[bytes, bytes]] | None:
         """Charge the request to this gateway's lease when it covers it (no I/O) and return its
         ``x-ratelimit-*`` headers; ``None`` when ``check`` must ask Redis."""
+        lease = self._charge_lease(key, cost_tokens)
+        return lease.headers(cost_tokens) if lease is not None else None
+
+    def head_from_lease(self, key: ClientKeySpec, cost_tokens: int) -> bytes | None:
+        """``from_lease``, its headers as the answer's head bytes (``header_lines`` of them)."""
+        lease = self._charge_lease(key, cost_tokens)
+        return lease.head(cost_tokens) if lease is not None else None
+
+    def _charge_lease(self, key: ClientKeySpec, cost_tokens: int) -> _Lease | None:
         lease = self._leases.get(key.id)
         if lease is None:
             return None
@@ -338,7 +387,7 @@ class RateLimiter:
             lease.tokens -= cost_tokens
         if self._low(lease):
             self._refill_soon(key)
-        return lease.headers(cost_tokens)
+        return lease
 
     def prefetch(self, key: ClientKeySpec) -> None:
         """Start taking ``key``'s first lease here in the background when there is none yet: the

@@ -1,15 +1,14 @@
-"""Token usage from a node's answer, read without slowing the answer down.
+"""Token usage from a node's answer: the msgspec structs ``routing.http.usage_read`` decodes into.
 
-A non-streaming body is decoded for its ``usage`` object only (msgspec skips the rest at C speed).
-A stream is never buffered: the gateway keeps its last few kilobytes, where vLLM's usage event
-(``stream_options.include_usage``) sits just before ``data: [DONE]``.
+Apart from the reading code because that is compiled (``routing/native.py``) and msgspec reads no
+field of a Struct defined in a compiled module (as with ``routing.cache.bodies``).
 """
 
 from __future__ import annotations
 
 import msgspec
 
-USAGE_TAIL_BYTES = 4096  # how much of a stream's end to keep for parse_stream_usage
+USAGE_TAIL_BYTES = 4096  # how much of a stream's end to keep for usage_read.parse_stream_usage
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -24,28 +23,7 @@ class Usage(msgspec.Struct):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class _UsageDoc(msgspec.Struct):
+class UsageDoc(msgspec.Struct):
+    """A JSON answer or SSE event, for its ``usage`` object only."""
+
     usage: Usage | None = None
-
-
-_usage_decoder = msgspec.json.Decoder(_UsageDoc)
-
-
-def parse_usage(document: bytes) -> Usage | None:
-    """The ``usage`` object of a JSON response or SSE event, if it has a readable one."""
-    try:
-        return _usage_decoder.decode(document).usage
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
-
-
-def parse_stream_usage(tail: bytes) -> Usage | None:
-    """The usage of a stream from the last bytes before ``[DONE]`` (the final usage event)."""
-    at = tail.rfind(b'"usage"')
-    if at < 0:
-        return None
-    start = tail.rfind(b"data:", 0, at)
-    end = tail.find(b"\n", at)
-    if start < 0 or end < 0:
-        return None
-    return parse_usage(tail[start + 5 : end])

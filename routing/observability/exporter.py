@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import metrics as prometheus_metrics
@@ -35,7 +35,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 _DECISION_BUCKETS_S = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2)
 _QUEUE_WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-NO_NODE = "none"  # the node label of requests that never reached one (4xx, 503)
+NO_NODE: Final = "none"  # the node label of requests that never reached one (4xx, 503)
 
 
 def _created_series() -> bool:

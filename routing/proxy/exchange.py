@@ -4,23 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from routing.algorithms.base import Decision
 from routing.cache.parsed import ParsedRequest
 from routing.contract import ClientKeySpec
 from routing.frontdoor.front_door import Grant
 from routing.http.usage import Usage
-from routing.state.inflight import Lease
+from routing.resilience.retry import Attempt
 from routing.state.table import RoutingTable
 
 if TYPE_CHECKING:
     from routing.proxy.shadow import ShadowOutcome
 
 
-class Exchange:
+class Exchange(Attempt):
     """Everything one request accumulates on its way through, for the record and the metrics.
 
-    Slots, not a dataclass: one is built per request on the hot path, and the retry loop, the relay
-    and the outcome each fill in their part of it.
+    Slots, not a dataclass: one is built per request on the hot path, and the retry loop (its
+    ``Attempt`` part), the relay and the outcome each fill in their part of it.
     """
 
     __slots__ = (
@@ -28,23 +27,17 @@ class Exchange:
         "arrival_s",
         "bytes_out",
         "canary_id",
-        "client_gone",
-        "decision",
         "error",
         "finished",
         "grant",
-        "head_s",
         "key",
-        "lease",
         "parsed",
-        "prediction",
         "prefix_hashes",
         "prompt_tokens_est",
         "refused_key",
         "request_id",
         "response_started",
         "routing_s",
-        "sent_s",
         "shadow",
         "span",
         "status",
@@ -56,21 +49,15 @@ class Exchange:
     )
 
     def __init__(self, arrival_s: float, ts: float, table: RoutingTable | None) -> None:
+        super().__init__()  # decision, prediction, lease, sent_s, head_s, client_gone
         self.arrival_s = arrival_s
         self.ts = ts
         self.table = table
         self.request_id = ""
         self.parsed: ParsedRequest | None = None
         self.prompt_tokens_est = 0
-        self.prediction: tuple[int, str, int] | None = None  # node, index mode, predicted cached tokens
         self.prefix_hashes: list[int] | None = None  # the prompt's chunk hashes, when the index made them
-        self.decision: Decision | None = None
-        self.lease: Lease | None = None
         self.routing_s = 0.0
-        self.sent_s: float | None = None
-        # when the node's response head arrived (perf_counter s): a stream's head leaves the node
-        # before its first token (vLLM's too), so head - sent is the round trip and the intake
-        self.head_s: float | None = None
         self.ttft_s: float | None = None
         self.status = 0
         self.stream = False
@@ -78,7 +65,6 @@ class Exchange:
         self.error: str | None = None
         self.usage: Usage | None = None
         self.finished = False  # the last byte is on its way: a disconnect now is not the client leaving
-        self.client_gone = False
         self.response_started = False
         self.key: ClientKeySpec | None = None
         self.refused_key: ClientKeySpec | None = None  # a known key the front door refused (401)

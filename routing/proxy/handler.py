@@ -18,11 +18,10 @@ connection close and aborts the generation).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
-from functools import partial
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from routing.algorithms import least_load
@@ -70,6 +69,11 @@ logger = logging.getLogger("routing.proxy")
 # ``max_context_tokens`` times this many characters is past the model's context whatever its
 # tokenizer (ordinary text runs 3-5 characters a token), and is refused without a node round trip.
 MAX_CHARS_PER_TOKEN: Final = 16
+_HEX_PAIRS: Final = tuple(f"{value:02x}" for value in range(256))
+# The clocks as C statics (compiled: ``time.perf_counter()`` looks the name up in the module each
+# call, ~250 instructions).
+_perf_counter: Final = time.perf_counter
+_time: Final = time.time
 _PROMPT_PARAMS: Final[dict[str, str]] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
 
 
@@ -108,6 +112,79 @@ _PATHS: Final[dict[str, str]] = {
 }
 
 
+# The proxied endpoints by path (the gateway answers the rest itself: routing/app.py).
+ENDPOINTS: Final[dict[str, Endpoint]] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+
+
+class Dispatch:
+    """What the client side calls per request: a POST to an inference endpoint goes straight to
+    the proxy's (compiled) coroutine, anything else to ``other`` (the gateway's own answers).
+
+    Compiled, and so called without a Python frame: ``Gateway.handle`` did this in
+    ``routing/app.py``'s Python, ~2.5 k instructions a request. ``proxy`` is set while the gateway
+    runs (None before its start and from its shutdown on: ``other`` answers then).
+    """
+
+    def __init__(self, other: Callable[[ClientRequest], Awaitable[None]]) -> None:
+        self.proxy: Proxy | None = None
+        self._other = other
+
+    def __call__(self, request: ClientRequest) -> Awaitable[None]:
+        proxy = self.proxy
+        if proxy is not None and request.method == "POST":
+            endpoint = ENDPOINTS.get(request.path)
+            if endpoint is not None:
+                return proxy.handle(request, endpoint)
+        return self._other(request)
+
+
+class _Reroute:
+    """A retry's choice among the nodes left: the proxy's routing with the request's own inputs
+    (the live policy or its canary, the index; no shadow, which judged the first choice only).
+
+    Not a lambda: compiled, a lambda holds the coroutine's environment, which holds the retry
+    loop's (a temporary across the await), which holds the lambda: a cycle per request left for
+    the garbage collector (tests/routing/test_request_garbage.py). Nor a ``partial`` with keyword
+    arguments: that built a dict per request (~2 k instructions), used only on a retry.
+    """
+
+    __slots__ = ("_endpoint", "_prompt_ids", "_prompt_text", "_proxy", "_request", "_route", "_table")
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        table: RoutingTable,
+        request: RoutingRequest,
+        prompt_text: str,
+        prompt_ids: PromptIds | None,
+        route: TrialRoute | None,
+        endpoint: Endpoint,
+    ) -> None:
+        self._proxy = proxy
+        self._table = table
+        self._request = request
+        self._prompt_text = prompt_text
+        self._prompt_ids = prompt_ids
+        self._route = route
+        self._endpoint = endpoint
+
+    def __call__(self, candidates: tuple[NodeSpec, ...]) -> Decision:
+        return self._proxy._route(
+            self._table,
+            candidates,
+            self._request,
+            self._prompt_text,
+            self._prompt_ids,
+            self._route,
+            None,
+            self._endpoint,
+        )
+
+
 class Proxy:
     """Routes and forwards the OpenAI inference endpoints."""
 
@@ -133,6 +210,10 @@ class Proxy:
         self._inflight = inflight
         self._metrics = metrics
         self._cache_index = cache_index  # the KV-aware index in the gateway; any PrefixIndex in tests
+        # The index's optional hooks, looked up once (a getattr per request costs ~0.4 k instructions).
+        self._wants_prompt_ids_of: Callable[[tuple[NodeSpec, ...]], bool] | None = getattr(
+            cache_index, "wants_prompt_ids", None
+        )
         self._tokenizers = tokenizers
         self._chars_per_token = chars_per_token or CharsPerToken(DEFAULT_CHARS_PER_TOKEN)
         self._region_header = (b"X-Gorgo-Region", config.region.encode())
@@ -148,7 +229,9 @@ class Proxy:
         # The candidates' node ids for the prefix index, for the last candidate tuple seen
         self._ids_of: tuple[tuple[NodeSpec, ...], tuple[int, ...]] = ((), ())
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
-        self._ids = itertools.count(1)
+        self._last_id = 0  # the last request id made here (hex after the prefix)
+        self._id_high = 0  # ... its digits but the last two, and the prefix with them
+        self._id_high_prefix = self._id_prefix
         self._front_door = front_door
         self._breakers = breakers if breakers is not None else Breakers(open_s=config.node_down_cooldown_s)
         self._admission = admission
@@ -161,13 +244,15 @@ class Proxy:
         )
 
     async def handle(self, client: ClientRequest, endpoint: Endpoint) -> None:
-        exchange = Exchange(time.perf_counter(), time.time(), self._store.table)
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        # With the loop given, no getpid() syscall (Python 3.11 checks the pid on every lookup
-        # of the running loop: 2% of the gateway's CPU in the profile).
-        task = asyncio.current_task(loop)
+        exchange = Exchange(_perf_counter(), _time(), self._store.table)
+        task = client.task  # the client side's task running this handler
+        if task is None:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            # With the loop given, no getpid() syscall (Python 3.11 checks the pid on every lookup
+            # of the running loop: 2% of the gateway's CPU in the profile).
+            task = asyncio.current_task(loop)
         try:
             try:
                 table = exchange.table
@@ -177,7 +262,7 @@ class Proxy:
                     client.headers, session_header, keep_credentials=front_door is None
                 )
                 headers = scanned.forward
-                exchange.request_id = scanned.request_id or f"{self._id_prefix}{next(self._ids):x}"
+                exchange.request_id = scanned.request_id or self._new_request_id()
                 headers.append((b"X-Request-Id", exchange.request_id.encode()))
                 headers.append(self._region_header)
                 if front_door is not None:  # before the body: a stranger's body is not worth reading
@@ -244,6 +329,19 @@ class Proxy:
                 self._front_door.done(exchange.key, exchange.grant, exchange.usage, exchange.status)
             self._outcome.finish(exchange)
 
+    def _new_request_id(self) -> str:
+        """The prefix and a counter in hex. Formatting an int as hex costs ~1.5 k instructions
+        (an f-string with a format spec more, compiled: it goes through str.format), so only its
+        high digits are, once every 256 requests; the last two come from a table."""
+        count = self._last_id = self._last_id + 1
+        high = count >> 8
+        if not high:
+            return self._id_prefix + format(count, "x")
+        if high != self._id_high:
+            self._id_high = high
+            self._id_high_prefix = self._id_prefix + format(high, "x")
+        return self._id_high_prefix + _HEX_PAIRS[count & 255]
+
     # ---- routing -----------------------------------------------------------------------------
 
     def _route(
@@ -301,7 +399,7 @@ class Proxy:
         view = RoutingView(
             table.region,
             candidates,
-            table.snapshot.policy.params if route is None else route.params,
+            table.params if route is None else route.params,
             self._inflight.load_view(),
             # the round trips this gateway measured in place of the probed ones (routing.state.measured)
             measured.rtt_view(table.rtt_ms) if measures else table.rtt_ms,
@@ -376,13 +474,14 @@ class Proxy:
 
     def _wants_prompt_ids(self, candidates: tuple[NodeSpec, ...]) -> bool:
         """Whether any candidate is matched precisely (tokenizing costs ~0.2 ms: only then)."""
-        wants = getattr(self._cache_index, "wants_prompt_ids", None)
+        wants = self._wants_prompt_ids_of
         return wants is not None and wants(candidates)
 
     def _candidates(
         self, table: RoutingTable, model: str, route: TrialRoute | None = None
     ) -> tuple[NodeSpec, ...]:
-        candidates = (table.candidates if route is None else route.candidates).get(model)
+        # Read apart: the table's is a dict (a dict read, compiled), a trial's a Mapping.
+        candidates = table.candidates.get(model) if route is None else route.candidates.get(model)
         if candidates is None:
             raise GatewayError(404, f"The model `{model}` does not exist on this gateway.", param="model")
         blocked = self._breakers.blocked
@@ -442,7 +541,7 @@ class Proxy:
                 admission.claim(node.id)  # from here to the retry loop's lease: no await
                 with_room = (node,)
             candidates = with_room
-        routing_start_s = time.perf_counter()
+        routing_start_s = _perf_counter()
         # The prompt's token ids, when the model has a tokenizer and the policy uses the index
         # (precise matching on KV events); their count is exact, unlike the estimate.
         prompt_ids = (
@@ -463,7 +562,7 @@ class Proxy:
         decision = self._route(
             table, candidates, request, parsed.prompt_text, prompt_ids, route, exchange, endpoint
         )
-        exchange.routing_s = time.perf_counter() - routing_start_s
+        exchange.routing_s = _perf_counter() - routing_start_s
         self._metrics.observe_decision(exchange.routing_s)
         path = _PATHS[endpoint]
 
@@ -477,19 +576,7 @@ class Proxy:
             path,
             encode_headers(headers),
             body,
-            # Not a lambda: compiled, a lambda holds this coroutine's environment, which holds the
-            # retry loop's (a temporary across the await), which holds the lambda: a cycle per
-            # request left for the garbage collector (tests/routing/test_request_garbage.py).
-            partial(
-                self._route,
-                table,
-                request=request,
-                prompt_text=parsed.prompt_text,
-                prompt_ids=prompt_ids,
-                route=route,
-                exchange=None,
-                endpoint=endpoint,
-            ),
+            _Reroute(self, table, request, parsed.prompt_text, prompt_ids, route, endpoint),
             task,
         )
         head_s = exchange.head_s

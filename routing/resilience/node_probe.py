@@ -139,7 +139,13 @@ class HungWatch:
     __slots__ = ("_probe", "_prober", "_task", "_timer", "base_url", "hung", "node_id")
 
     def __init__(
-        self, prober: NodeProber, task: asyncio.Task[object], node_id: int, base_url: str, timers: FixedDelay
+        self,
+        prober: NodeProber,
+        task: asyncio.Task[object],
+        node_id: int,
+        base_url: str,
+        timers: FixedDelay,
+        loop: asyncio.AbstractEventLoop,  # the task's (given: not looked up per request)
     ) -> None:
         self._prober = prober
         self._task = task
@@ -147,7 +153,7 @@ class HungWatch:
         self.base_url = base_url
         self.hung = False
         self._probe: asyncio.Future[bool] | None = None
-        self._timer: Deadline | None = timers.call(task.get_loop(), self._suspect)
+        self._timer: Deadline | None = timers.call(loop, self._suspect)
 
     def _suspect(self) -> None:
         self._timer = None

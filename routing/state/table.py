@@ -15,7 +15,7 @@ import msgspec
 
 from routing.algorithms.base import AlgorithmInfo
 from routing.cache.prompt import DEFAULT_CHARS_PER_TOKEN
-from routing.contract import NodeLiveState, NodeSpec, PolicySnapshot, SessionAffinityParams
+from routing.contract import AlgorithmParams, NodeLiveState, NodeSpec, PolicySnapshot, SessionAffinityParams
 from routing.http.upstream import Target, make_target
 from routing.state.eligibility import eligible_nodes, served_models
 from routing.state.trials import TrialRoute, load_trial
@@ -30,16 +30,21 @@ class UnknownAlgorithm(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RoutingTable:
-    """One snapshot plus live state, digested for the request path."""
+    """One snapshot plus live state, digested for the request path.
+
+    What a request reads is a ``dict`` (compiled, read with dict operations; a ``Mapping`` is read
+    through Python's generic calls) or a field of its own (``version``, ``algorithm_name``,
+    ``params``: the snapshot's msgspec structs are read through generic attribute lookups).
+    """
 
     snapshot: PolicySnapshot
     region: str
     algorithm: AlgorithmInfo
     models: tuple[str, ...]  # served model names, sorted
-    candidates: Mapping[str, tuple[NodeSpec, ...]]  # model -> eligible nodes, id order
+    candidates: dict[str, tuple[NodeSpec, ...]]  # model -> eligible nodes, id order
     excluded: Mapping[str, Mapping[str, int]]  # model -> reason -> node count
-    urls: Mapping[tuple[int, str], Target]  # (node id, path) -> upstream target (nodes with a usable URL)
-    base_urls: Mapping[int, str]  # node id -> server root (for the gateway's own probes)
+    urls: dict[tuple[int, str], Target]  # (node id, path) -> upstream target (nodes with a usable URL)
+    base_urls: dict[int, str]  # node id -> server root (for the gateway's own probes)
     rtt_ms: Mapping[int, float]  # node id -> RTT from this region (measured ones only)
     live: Mapping[int, NodeLiveState]
     chars_per_token: float
@@ -47,7 +52,10 @@ class RoutingTable:
     version_header: bytes
     models_body: bytes  # the GET /v1/models answer
     model_bodies: Mapping[str, bytes]  # model -> the GET /v1/models/{model} answer
-    max_context_tokens: Mapping[str, int]  # model -> its context length (vLLM's max_model_len)
+    max_context_tokens: dict[str, int]  # model -> its context length (vLLM's max_model_len)
+    version: int  # the snapshot's
+    algorithm_name: str  # the live policy's (snapshot.policy.algorithm)
+    params: AlgorithmParams  # the live policy's (snapshot.policy.params)
     shadow: TrialRoute | None = None  # decides beside the live policy, serves nothing (issue 23)
     canary: TrialRoute | None = None  # serves the sessions its hash picks (issue 23)
     uses_prefix_index: bool = False  # some policy here (live, shadow, canary) needs prefix matches
@@ -57,10 +65,6 @@ class RoutingTable:
     # the live policy routes on what the gateway measured (gorgo's ``measured_inputs``): its RTTs and
     # prefill speeds (``routing.state.measured``) go into the view in place of the told ones
     measures_inputs: bool = False
-
-    @property
-    def version(self) -> int:
-        return self.snapshot.version
 
 
 def node_base_url(base_url: str) -> str:
@@ -126,6 +130,9 @@ def build_table(
         models_body=models_body,
         model_bodies={str(entry["id"]): msgspec.json.encode(entry) for entry in model_objects},
         max_context_tokens={model.name: model.max_context_tokens for model in snapshot.models},
+        version=snapshot.version,
+        algorithm_name=policy.algorithm,
+        params=params,
         shadow=shadow,
         canary=canary,
         uses_prefix_index=any(

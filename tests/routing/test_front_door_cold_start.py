@@ -59,11 +59,11 @@ async def test_the_first_rate_lease_is_taken_while_the_slot_call_is_out(redis_ur
     try:
         grant = await door.admit(key, "m", 100)
         assert seen_during_slot_call == [True]
-        assert grant.headers is not None
+        assert b"x-ratelimit-remaining-requests" in grant.head
         # The second request: both from memory, no Redis call.
         before = len(client.commands)
         door.done(key, grant, None, 200)
-        assert (await door.admit(key, "m", 100)).headers is not None
+        assert b"x-ratelimit-remaining-requests" in (await door.admit(key, "m", 100)).head
         assert len(client.commands) == before
     finally:
         for task in list(limiter._refills):

@@ -279,6 +279,23 @@ class TestLeases:
         assert int(fields[b"x-ratelimit-remaining-tokens"]) == 99_990
         assert fields[b"x-ratelimit-limit-requests"] == b"6000"
 
+    def test_a_lease_writes_the_same_fields_as_head_bytes(self):
+        # The answer's head takes a lease's headers as bytes (_Lease.head, built from pieces made
+        # once per lease): the same fields, in the same order, as header_lines of its headers.
+        from routing.frontdoor.ratelimit import _Lease, header_lines
+
+        raw = [1, 0, 5999, 10, 99_990, 10, 0, 0, 0]
+        for limits in (
+            {"requests_per_min": 6000, "tokens_per_min": 100_000},
+            {"requests_per_min": 6000},
+            {"tokens_per_min": 100_000},
+            {},
+        ):
+            key = make_key(SECRET, **limits)
+            for requests, tokens, cost in ((59, 900, 10), (0, 0, 0), (10_000, 10**6, 5000)):
+                lease = _Lease(key, requests, tokens, raw)
+                assert lease.head(cost) == header_lines(lease.headers(cost)), limits
+
     async def test_a_lease_short_of_tokens_does_not_hoard_requests(self, redis_url, redis_keys):
         # Seen under `make run`: x-ratelimit-remaining-requests 6688 for a 6000/min key, because each
         # refill for tokens carried the unused requests over and added a fresh slice on top.

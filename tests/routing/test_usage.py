@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from routing.http.usage import parse_stream_usage, parse_usage
+from routing.http.usage_read import parse_stream_usage, parse_usage
 
 STREAM = (Path(__file__).parent / "data" / "vllm_chat_stream.txt").read_bytes()  # vLLM's format
 
