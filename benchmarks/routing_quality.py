@@ -551,6 +551,14 @@ class RunSpec:
     # times the nodes' real one, and an RTT table this many times the real round trips.
     told_prefill_scale: float = 1.0
     told_rtt_scale: float = 1.0
+    # Arrivals sent before the measured ones (None: WARMUP_SHARE of ``requests``): a longer warm-up
+    # measures a steady state (routing_sensitivity.py: after the gateways measured their inputs).
+    warmup_requests: int | None = None
+
+
+def warmup_of(spec: RunSpec) -> int:
+    """How many arrivals warm the fleet up before the measured ones."""
+    return spec.warmup_requests if spec.warmup_requests is not None else round(spec.requests * WARMUP_SHARE)
 
 
 @dataclass
@@ -783,9 +791,9 @@ _last_plan: list[tuple[tuple[Any, ...], WorkloadPlan]] = []
 
 
 def plan_for(spec: RunSpec, regions: list[str]) -> WorkloadPlan:
-    warmup = round(spec.requests * WARMUP_SHARE)
+    warmup = warmup_of(spec)
     shares = spec.scenario.client_shares
-    key = (spec.scenario.workload, tuple(regions), spec.rate_rps, spec.requests, spec.seed)
+    key = (spec.scenario.workload, tuple(regions), spec.rate_rps, spec.requests, warmup, spec.seed)
     key += (tuple(sorted(shares.items())) if shares else None,)
     if _last_plan and _last_plan[0][0] == key:
         return _last_plan[0][1]
@@ -825,7 +833,7 @@ def _run_once(
     phases: Phases,
 ) -> RunOutput:
     regions = [region.slug for region in topology.regions]
-    warmup = round(spec.requests * WARMUP_SHARE)
+    warmup = warmup_of(spec)
     plan = plan_for(spec, regions)
     phases.lap("plan")
     fleet = fleets.ready(spec.scenario.topology_path)

@@ -127,6 +127,7 @@ def run_static(
     workdir: Path,
     measured_modes: tuple[str, ...] = MEASURED_MODES,
     chosen: set[str] | None = None,
+    warmup_requests: int | None = None,
 ) -> dict[str, Any]:
     topology = load_topology(SCENARIO.topology_path)
     rate = rq.scenario_rate(SCENARIO, topology)
@@ -146,6 +147,7 @@ def run_static(
                     param_overrides={"measured_inputs": measured},
                     told_prefill_scale=prefill_scale,
                     told_rtt_scale=rtt_scale,
+                    warmup_requests=warmup_requests,
                 ),
                 topology,
                 redis_url,
@@ -201,7 +203,15 @@ def run_static(
             row["corrections"] = corrections[name]
         row["runs"] = [f.to_json() for f in runs]
         rows[name] = row
-    return {"rate_rps": rate, "requests_per_run": requests, "seeds": seeds, "variants": rows}
+    return {
+        "rate_rps": rate,
+        "requests_per_run": requests,
+        "warmup_requests": warmup_requests
+        if warmup_requests is not None
+        else round(requests * rq.WARMUP_SHARE),
+        "seeds": seeds,
+        "variants": rows,
+    }
 
 
 # How close to the truth a decision's input must be to count as corrected.
@@ -615,7 +625,9 @@ def markdown(document: dict[str, Any]) -> str:
     if static:
         lines += [
             f"## Wrong inputs, no tuning (geo-chat, {static['rate_rps']:g} requests/s, "
-            f"{static['requests_per_run']} measured requests per run, seeds {static['seeds']})",
+            f"{static['requests_per_run']} measured requests per run after "
+            f"{static.get('warmup_requests', round(static['requests_per_run'] * rq.WARMUP_SHARE))} "
+            f"warm-up arrivals, seeds {static['seeds']})",
             "",
             "Client-measured TTFT, median over seeds (range); ratio to the correct inputs' median.",
             "",
@@ -788,6 +800,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(VARIANTS),
         help="static part: which inputs (correct always runs: each mode's reference)",
     )
+    parser.add_argument(
+        "--warmup-requests",
+        type=int,
+        help="static part: arrivals before the measured ones (default: 10 %% of --requests); a longer "
+        "warm-up measures the steady state after the gateways measured their inputs",
+    )
     parser.add_argument("--tuner-minutes", type=float, default=6.0)
     parser.add_argument("--tuner-seed", type=int, default=1)
     parser.add_argument("--tuner-rate", type=float, default=TUNER_RATE_RPS, help="requests/s of a tuner run")
@@ -820,7 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         chosen = {name for name in args.variants.split(",") if name} | {"correct"}
         if chosen - set(VARIANTS):
             parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
-        document["static"] = run_static(seeds, args.requests, redis_url, workdir, modes, chosen)
+        document["static"] = run_static(
+            seeds, args.requests, redis_url, workdir, modes, chosen, args.warmup_requests
+        )
     if args.part == "tuner":
         if "," in args.measured:
             args.measured = "measured"  # the default policy's; --measured told: the tuner alone
