@@ -526,26 +526,26 @@ def _decide(
     winner = _pick(room, totals, rows, guards.spread_ties, view)
     rent_keys: tuple[int, ...] = ()
     rent_ms = 0.0
-    homed = False
     prefix = view.prefix
-    if prefix is not None and homing_rent_ratio > 0.0 and count > 1:
+    # The winner's region off its node first: a forward, the rare case, is all that needs the fleet.
+    if (
+        prefix is not None
+        and homing_rent_ratio > 0.0
+        and count > 1
+        and rows[winner].node.region != view.region
+    ):
         regions = _fleet(view.candidates).regions
-        if regions[winner] != view.region:
-            home, rent_keys, rent_ms = _homing(totals, rows, regions, winner, view, prefix, homing_rent_ratio)
-            if home >= 0:
-                # Paid up: this request stays home and caches the prefix there; the forward it
-                # would have been is its runner-up.
-                homed = True
-                winner, runner_up = home, winner
-                return Decision(
-                    node=rows[winner].node,
-                    cost=_terms(totals[winner], rows[winner], w_displacement),
-                    runner_up=_terms(totals[runner_up], rows[runner_up], w_displacement)
-                    if with_runner_up
-                    else None,
-                    rent_keys=rent_keys,
-                    homed=homed,
-                )
+        home, rent_keys, rent_ms = _homing(totals, rows, regions, winner, view, prefix, homing_rent_ratio)
+        if home >= 0:
+            # Paid up: this request stays home and caches the prefix there; the forward it would
+            # have been is its runner-up.
+            return Decision(
+                node=rows[home].node,
+                cost=_terms(totals[home], rows[home], w_displacement),
+                runner_up=_terms(totals[winner], rows[winner], w_displacement) if with_runner_up else None,
+                rent_keys=rent_keys,
+                homed=True,
+            )
     runner_up = -1
     if with_runner_up:
         if room is not None and len(room) > 1:

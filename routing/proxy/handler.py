@@ -223,6 +223,7 @@ class Proxy:
         # What this gateway's region paid for prefixes cached only abroad (gorgo's homing); its
         # rent fades as time passes (``fade_to`` before each decision that reads it)
         self._homing = HomingLedger()
+        self._tick_at_s = 0.0  # when the ledger's rent fades and stale measurements are dropped next
         # What this gateway measured of each node from its answers (gorgo's measured_inputs):
         # fed by the outcome after each streamed answer, read by the view
         self._measured = measured if measured is not None else MeasuredInputs()
@@ -391,11 +392,12 @@ class Proxy:
         measured = self._measured
         measures = table.measures_inputs
         if homing or measures:
-            now_s = time.perf_counter()
-            if homing:
+            now_s = _perf_counter()
+            if now_s >= self._tick_at_s:  # what fades or goes stale is looked at once a second
+                self._tick_at_s = now_s + 1.0
                 self._homing.fade_to(now_s)
-            if measures:
                 measured.expire(now_s)
+        hashes = self._cache_index.text_hashes(prompt_text) if homing else None
         view = RoutingView(
             table.region,
             candidates,
@@ -409,12 +411,8 @@ class Proxy:
             self._gateway_id,
             # gorgo's homing: the prompt's chunk hashes (matched above, kept for the record) and
             # what this region has paid for prefixes cached only abroad
-            PrefixRent(
-                self._cache_index.text_hashes(prompt_text),
-                CHUNK_BYTES / self._chars_per_token.value,
-                self._homing.owed,
-            )
-            if homing
+            PrefixRent(hashes, CHUNK_BYTES / self._chars_per_token.value, self._homing.owed)
+            if hashes is not None
             else None,
             measured.speed_view(candidates) if measures else None,
         )
@@ -435,7 +433,9 @@ class Proxy:
             self._cache_index.insert(decision.node.id, prompt_text)
             if exchange is not None:
                 # Hashed once for match and insert: the request's record keeps the same hashes.
-                exchange.prefix_hashes = self._cache_index.text_hashes(prompt_text)
+                exchange.prefix_hashes = (
+                    hashes if hashes is not None else self._cache_index.text_hashes(prompt_text)
+                )
             # Read now, on this request's decision: the index's attribute is the last decision
             # of any request, and a policy that never asks the index must record no prediction.
             prediction = getattr(self._cache_index, "last_prediction", None)
