@@ -337,20 +337,11 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")
     variants = [_parse_variant(spec) for spec in args.variant]
-    router = None
-    if args.router:  # the first variant's checkout that has it (checked before anything runs)
-        found = [c / ".venv" / "bin" / "vllm-router" for _, c, *_ in variants]
-        router = next((path for path in found if path.exists()), None)
-        if router is None:
-            raise SystemExit("--router: no variant's .venv has vllm-router (pip install -e '.[peers]')")
+    # the first variant's checkout that has it (checked before anything runs)
+    router = bench.router_in([c for _, c, *_ in variants]) if args.router else None
     redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-instructions-"))
-    mocks = [
-        bench._start(
-            f"mock-{i}", [sys.executable, bench.SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)"
-        )
-        for i in range(bench.UPSTREAMS)
-    ]
+    mocks = bench.start_mocks(workdir)
     results = []
     try:
         for name, checkout, pure, workers, shadow in variants:

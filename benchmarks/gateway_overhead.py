@@ -583,6 +583,23 @@ def _policy_swap_ms(
     return samples
 
 
+def start_mocks(workdir: Path) -> list[Any]:
+    """The ``UPSTREAMS`` no-delay mock nodes every gateway benchmark routes to (``overhead_servers.py mock``)."""
+    return [
+        _start(f"mock-{i}", [sys.executable, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
+        for i in range(UPSTREAMS)
+    ]
+
+
+def router_in(checkouts: list[Path]) -> Path:
+    """The Rust router's binary in the first of ``checkouts``' virtualenvs that has it (SystemExit if none)."""
+    found = [checkout / ".venv" / "bin" / "vllm-router" for checkout in checkouts]
+    router = next((path for path in found if path.exists()), None)
+    if router is None:
+        raise SystemExit("--router: no variant's .venv has vllm-router (pip install -e '.[peers]')")
+    return router
+
+
 def _vllm_router() -> str | None:
     """The Rust router's launcher, if ``pip install vllm-router`` put it in this environment."""
     beside_python = Path(sys.executable).parent / "vllm-router"
@@ -828,10 +845,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     uvicorn_port = r"Uvicorn running on http://127\.0\.0\.1:(\d+)"
     # A baseline checkout from before issue 25 still runs on uvicorn.
     gorgo_port = r"(?:listening on|Uvicorn running on) http://127\.0\.0\.1:(\d+)"
-    mocks = [
-        _start(f"mock-{i}", [python, SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)")
-        for i in range(UPSTREAMS)
-    ]
+    mocks = start_mocks(workdir)
     mock = mocks[0]
     upstreams = [f"http://127.0.0.1:{m.port}" for m in mocks]
 

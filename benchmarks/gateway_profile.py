@@ -128,12 +128,7 @@ def main() -> int:
     py_spy = Path(sys.executable).parent / "py-spy"
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-profile-"))
     redis_url = bench.os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    mocks = [
-        bench._start(
-            f"mock-{i}", [sys.executable, bench.SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)"
-        )
-        for i in range(bench.UPSTREAMS)
-    ]
+    mocks = bench.start_mocks(workdir)
     prefix = f"gorgoprof-{uuid.uuid4().hex[:12]}"
     bench._publish_policy(redis_url, prefix, [f"http://127.0.0.1:{m.port}" for m in mocks], "gorgo")
     bench._publish_bench_key(redis_url, prefix)

@@ -154,12 +154,7 @@ def in_process(rounds: int, iterations: int) -> dict[str, Any]:
 def end_to_end(rounds: int, seconds: float, main_checkout: Path | None) -> dict[str, Any]:
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-hotpath-"))
-    mocks = [
-        bench._start(
-            f"mock-{i}", [sys.executable, bench.SERVERS, "mock"], workdir, port_pattern=r"READY (\d+)"
-        )
-        for i in range(bench.UPSTREAMS)
-    ]
+    mocks = bench.start_mocks(workdir)
     prefix = f"gorgohot-{uuid.uuid4().hex[:12]}"
     bench._publish_policy(redis_url, prefix, [f"http://127.0.0.1:{m.port}" for m in mocks], "gorgo")
     bench._publish_bench_key(redis_url, prefix)
