@@ -121,12 +121,7 @@ def measure(
     gateway = bench._start(
         f"gateway-{name}", argv, workdir, env, port_pattern=LISTENING, timeout_s=300, cwd=checkout
     )
-    script = workdir / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {bench.BENCH_SECRET}"\n'
-        f"wrk.body = {json.dumps(bench.CHAT_BODY.decode())}\n"
-    )
+    script = bench.wrk_script(workdir / "post.lua", bench.BENCH_SECRET)
     try:
         deadline = time.monotonic() + 120
         while (
@@ -136,34 +131,10 @@ def measure(
                 raise RuntimeError(f"{name}: not every worker is listening")
             time.sleep(1)
         bench.latency_c1(gateway.port, 100, 50, auth=bench.BENCH_SECRET)  # warm-up, not counted
-        # Only this gateway's processes: without pids, callgrind_control switches every callgrind
-        # run on the machine (another session's benchmark too).
-        pids = [str(pid) for pid in _group_pids(gateway.process.pid)]
-        _control("--instr=on", pids)
-        url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
-        result = subprocess.run(
-            ["wrk", "-t1", "-c32", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(script), url],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-            check=True,
-        )
-        _control("--instr=off", pids)
-        _control(f"--dump={prefix}-load", pids)
-        time.sleep(1)
-        if idle_s > 0:  # the same processes with no request: their background loops alone
-            _control("--zero", pids)
-            _control("--instr=on", pids)
-            time.sleep(idle_s)
-            _control("--instr=off", pids)
-            _control(f"--dump={prefix}-idle", pids)
-            time.sleep(1)
+        requests = _count_load_and_idle(gateway.process.pid, gateway.port, seconds, script, prefix, idle_s)
     finally:
         gateway.stop()
         bench._redis_cleanup(redis_url, prefix)
-    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
-        raise RuntimeError(f"{name}: wrk saw errors:\n{result.stdout}")
-    requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
     dumps = _dumps(workdir, name, f"{prefix}-load")  # the dump taken after wrk
     total = _totals(dumps)
     idle = {}
@@ -210,49 +181,14 @@ def measure_router(router: str, seconds: float, mocks: list, workdir: Path, idle
         *("--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
     ]
     target = bench._start("vllm-router", argv, workdir, port=port, timeout_s=300)
-    script = workdir / "post-router.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(bench.CHAT_BODY.decode())}\n"
-    )
+    script = bench.wrk_script(workdir / "post-router.lua")
     try:
         bench.latency_c1(port, 100, 50)  # warm-up, not counted
-        pids = [str(pid) for pid in _group_pids(target.process.pid)]
-        _control("--instr=on", pids)
-        result = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                "-c32",
-                f"-d{seconds:g}s",
-                "--timeout",
-                "30s",
-                "-s",
-                str(script),
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-            check=True,
-        )
-        _control("--instr=off", pids)
-        _control(f"--dump={prefix}-load", pids)
-        time.sleep(1)
-        idle = {}
-        if idle_s > 0:
-            _control("--zero", pids)
-            _control("--instr=on", pids)
-            time.sleep(idle_s)
-            _control("--instr=off", pids)
-            _control(f"--dump={prefix}-idle", pids)
-            time.sleep(1)
+        requests = _count_load_and_idle(target.process.pid, port, seconds, script, prefix, idle_s)
     finally:
         target.stop()
-    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
-        raise RuntimeError(f"vllm-router: wrk saw errors:\n{result.stdout}")
-    requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
     total = _totals(_dumps(workdir, "vllm-router", f"{prefix}-load"))
+    idle = {}
     if idle_s > 0:
         idle = {
             "idle_seconds": idle_s,
@@ -267,6 +203,30 @@ def measure_router(router: str, seconds: float, mocks: list, workdir: Path, idle
         "functions": {},
         **idle,
     }
+
+
+def _count_load_and_idle(
+    leader: int, port: int, seconds: float, script: Path, prefix: str, idle_s: float
+) -> int:
+    """Count instructions in ``leader``'s process group while wrk runs (dumped as
+    ``<prefix>-load``) and then, for ``idle_s`` with no request, its background loops alone
+    (``<prefix>-idle``); returns the requests wrk completed."""
+    # Only this target's processes: without pids, callgrind_control switches every callgrind
+    # run on the machine (another session's benchmark too).
+    pids = [str(pid) for pid in _group_pids(leader)]
+    _control("--instr=on", pids)
+    _, requests = bench.run_wrk(port, seconds, script)
+    _control("--instr=off", pids)
+    _control(f"--dump={prefix}-load", pids)
+    time.sleep(1)
+    if idle_s > 0:
+        _control("--zero", pids)
+        _control("--instr=on", pids)
+        time.sleep(idle_s)
+        _control("--instr=off", pids)
+        _control(f"--dump={prefix}-idle", pids)
+        time.sleep(1)
+    return requests
 
 
 def _group_pids(leader: int) -> list[int]:

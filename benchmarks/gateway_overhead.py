@@ -192,43 +192,50 @@ async def stream_ttfb(
     return samples
 
 
+def wrk_script(path: Path, auth: str = "") -> Path:
+    """A wrk script at ``path`` that POSTs the benchmark's chat completion (with ``auth`` as its key)."""
+    path.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        + (f'wrk.headers["Authorization"] = "Bearer {auth}"\n' if auth else "")
+        + f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
+    )
+    return path
+
+
+def run_wrk(port: int, duration_s: float, script: Path, wrk: str = "wrk") -> tuple[str, int]:
+    """wrk -t1 -c32 for ``duration_s`` against the chat endpoint on ``port``: (its output, requests
+    done). Raises if wrk saw a non-2xx answer or a socket error."""
+    result = subprocess.run(
+        [
+            wrk,
+            *("-t1", "-c32", f"-d{duration_s:g}s", "--timeout", "30s", "-s", str(script)),
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=duration_s + 60,
+        check=True,
+    )
+    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
+        raise RuntimeError(f"wrk saw errors on port {port}:\n{result.stdout}")
+    done = re.search(r"(\d+) requests in", result.stdout)
+    if not done:
+        raise RuntimeError(f"cannot read wrk output:\n{result.stdout}")
+    return result.stdout, int(done.group(1))
+
+
 def throughput_c32(port: int, duration_s: float, auth: str = "") -> tuple[float, int, str]:
     """(requests/s, requests done) at 32 connections: wrk if installed, else a Python client."""
     wrk = shutil.which("wrk")
     if wrk is None:
         rps = _python_throughput(port, 32, duration_s, auth)
         return rps, round(rps * duration_s), "python (wrk missing)"
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(
-            'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-            + (f'wrk.headers["Authorization"] = "Bearer {auth}"\n' if auth else "")
-            + f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
-        )
-    try:
-        result = subprocess.run(
-            [
-                wrk,
-                "-t1",
-                "-c32",
-                f"-d{duration_s:g}s",
-                "-s",
-                script.name,
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=duration_s + 30,
-            check=True,
-        )
-    finally:
-        os.unlink(script.name)
-    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
-        raise RuntimeError(f"wrk saw errors on port {port}:\n{result.stdout}")
-    match = re.search(r"Requests/sec:\s+([\d.]+)", result.stdout)
-    done = re.search(r"(\d+) requests in", result.stdout)
-    if not match or not done:
-        raise RuntimeError(f"cannot read wrk output:\n{result.stdout}")
-    return float(match.group(1)), int(done.group(1)), "wrk -t1 -c32"
+    with tempfile.TemporaryDirectory() as workdir:
+        out, done = run_wrk(port, duration_s, wrk_script(Path(workdir) / "post.lua", auth), wrk)
+    match = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not match:
+        raise RuntimeError(f"cannot read wrk output:\n{out}")
+    return float(match.group(1)), done, "wrk -t1 -c32"
 
 
 def _python_throughput(port: int, concurrency: int, duration_s: float, auth: str = "") -> float:

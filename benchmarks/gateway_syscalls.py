@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -33,16 +32,6 @@ import gateway_overhead as bench
 LISTENING = instructions.LISTENING
 
 
-def _wrk_script(workdir: Path, auth: str) -> Path:
-    script = workdir / f"post-{uuid.uuid4().hex[:6]}.lua"
-    lines = ['wrk.method = "POST"', 'wrk.headers["Content-Type"] = "application/json"']
-    if auth:
-        lines.append(f'wrk.headers["Authorization"] = "Bearer {auth}"')
-    lines.append(f"wrk.body = {json.dumps(bench.CHAT_BODY.decode())}")
-    script.write_text("\n".join(lines) + "\n")
-    return script
-
-
 def _count(pids: list[int], port: int, seconds: float, workdir: Path, auth: str) -> dict:
     """strace -c over ``pids`` while wrk runs: calls per request, by system call."""
     out = workdir / f"strace-{uuid.uuid4().hex[:8]}.txt"
@@ -52,29 +41,11 @@ def _count(pids: list[int], port: int, seconds: float, workdir: Path, auth: str)
     tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)  # attached to every thread
-        result = subprocess.run(
-            [
-                "wrk",
-                "-t1",
-                "-c32",
-                f"-d{seconds:g}s",
-                "--timeout",
-                "30s",
-                "-s",
-                str(_wrk_script(workdir, auth)),
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-            check=True,
-        )
+        script = bench.wrk_script(workdir / f"post-{uuid.uuid4().hex[:6]}.lua", auth)
+        _, requests = bench.run_wrk(port, seconds, script)
     finally:
         tracer.send_signal(signal.SIGINT)
         tracer.wait(timeout=30)
-    if "Non-2xx" in result.stdout or "Socket errors" in result.stdout:
-        raise RuntimeError(f"wrk saw errors:\n{result.stdout}")
-    requests = int(re.search(r"(\d+) requests in", result.stdout).group(1))  # type: ignore[union-attr]
     calls: dict[str, int] = {}
     for line in out.read_text().splitlines():
         # % time  seconds  usecs/call  calls  [errors]  syscall
