@@ -53,6 +53,7 @@ from routing_quality import (  # this directory is on sys.path
     _params,
     scenario_rate,
 )
+from wan_state import home_region, state_rtts_ms  # this directory is on sys.path
 
 from routing.cache.approx_index import chunk_hashes
 from routing.cache.bodies import ChatMessage
@@ -104,6 +105,17 @@ def replay_requests(plan: WorkloadPlan, model: str) -> list[ReplayRequest]:
     return requests
 
 
+def _store_rtt_arg(text: str) -> float | str:
+    return "wan" if text == "wan" else float(text)
+
+
+def _store_rtts_s(rtt_ms: float | str, topology: Any, scenario: Any) -> float | dict[str, float]:
+    if rtt_ms != "wan":
+        return float(rtt_ms) / 1000.0
+    home = home_region(topology, scenario.client_shares)
+    return {region: ms / 1000.0 for region, ms in state_rtts_ms(topology, home).items()}
+
+
 def run(
     workload: str,
     policy: str,
@@ -111,14 +123,16 @@ def run(
     requests: int,
     overrides: dict[str, float],
     sharing_delay_ms: float = LOAD_INTERVAL_S * 1000.0,
-    shared_state_rtt_ms: float = 0.0,
+    shared_state_rtt_ms: float | str = 0.0,
     prefix_delay_ms: float = PREFIX_FLUSH_INTERVAL_S * 1000.0,
     peer_claims: bool = True,
 ) -> dict[str, Any]:
     """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region.
 
     ``sharing_delay_ms``: the gateways' load-exchange period (0: peers' load seen at once);
-    ``shared_state_rtt_ms``: the round trip from a gateway to the shared store."""
+    ``shared_state_rtt_ms``: the round trip from a gateway to the shared store, or ``"wan"``: the
+    store in one region as the wall-clock ``--shared-state wan`` puts it (``wan_state``), each
+    region's gateway at its round trip to it."""
     scenario = SCENARIOS[workload]
     topology = load_topology(scenario.topology_path)
     rate = scenario_rate(scenario, topology)
@@ -142,7 +156,7 @@ def run(
         traffic,
         scrape_interval_s=None,
         sharing_interval_s=sharing_delay_ms / 1000.0 or None,
-        sharing_rtt_s=shared_state_rtt_ms / 1000.0,
+        sharing_rtt_s=_store_rtts_s(shared_state_rtt_ms, topology, scenario),
         prefix_interval_s=prefix_delay_ms / 1000.0,
         peer_claims=peer_claims,
     )
@@ -250,9 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--shared-state-rtt-ms",
-        type=float,
+        type=_store_rtt_arg,
         default=0.0,
-        help="round trip from a gateway to the shared Redis (0: loopback, as the wall-clock benchmark)",
+        help="round trip from a gateway to the shared Redis (0: loopback, as the wall-clock benchmark), "
+        "or wan: Redis in one region, each region's gateway at its round trip to it (routing_quality.py "
+        "--shared-state wan)",
     )
     parser.add_argument(
         "--prefix-delay-ms",

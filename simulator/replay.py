@@ -24,7 +24,10 @@ processes or wall-clock waits:
   exchanges load as ``routing.state.sharing`` does: every ``sharing_interval_s`` (its period,
   ``LOAD_INTERVAL_S``; the gateways' phases spread evenly over it, so the replay stays
   deterministic) it writes its counts and reads its peers' last writes, through a store
-  ``sharing_rtt_s`` away (the write lands half a round trip later, the answer a whole one).
+  ``sharing_rtt_s`` away (the write lands half a round trip later, the answer a whole one; the
+  next exchange starts an interval after the answer, one in flight at a time, as the gateway's
+  loop does). ``sharing_rtt_s`` is one figure for every gateway or each region's own (a store in
+  one region); a prefix update travels half its writer's round trip and half its reader's.
 - **A request** leaves its gateway ``gateway_ms`` after arrival (as recorded), reaches the node
   half a round trip later (RTT from the table telemetry measured), and its first token reaches the
   client half a round trip after the engine produced it. Its prompt is rebuilt from the prefix
@@ -429,7 +432,7 @@ def replay(
     wall_budget_s: float = DEFAULT_WALL_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
     sharing_interval_s: float | None = None,
-    sharing_rtt_s: float = 0.0,
+    sharing_rtt_s: float | Mapping[str, float] = 0.0,
     prefix_interval_s: float = 0.0,
     peer_claims: bool = True,
 ) -> ReplayOutcome:
@@ -439,7 +442,8 @@ def replay(
     ``default_rtt_ms`` if it has one, else 100 ms. ``scrape_interval_s`` None: no live state (a
     fleet without telemetry workers). ``sharing_interval_s`` None (or 0): gateways see each
     other's load at once; else they exchange it every that many seconds, through a store
-    ``sharing_rtt_s`` away (module docstring). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
+    ``sharing_rtt_s`` away (module docstring): one figure for every gateway, or region -> its
+    round trip (a store in one region). Raises ``ReplayTooSlow`` past ``wall_budget_s``.
     """
     loop = VirtualClockLoop()
     sharing = (
@@ -461,7 +465,7 @@ class _Sharing:
     insertions (every ``prefix_interval_s``; 0: one index for all, updated at once)."""
 
     interval_s: float
-    rtt_s: float
+    rtt_s: float | Mapping[str, float]  # every gateway's, or region -> its round trip to the store
     prefix_interval_s: float
     claims: bool = True  # False: the gateways before claims (issue 24), insertions only
 
@@ -739,14 +743,20 @@ class _Replay:
 
     # ---- load sharing between gateways (delayed) -----------------------------------------------
 
+    def _store_rtt_s(self, region: str) -> float:
+        assert self.sharing is not None
+        rtt_s = self.sharing.rtt_s
+        return rtt_s if isinstance(rtt_s, float | int) else rtt_s.get(region, 0.0)
+
     async def _exchange_every(self, region: str, phase: float) -> None:
-        """One gateway's load exchange, as ``GatewaySharing``'s: every interval from its phase on."""
+        """One gateway's load exchange, as ``GatewaySharing``'s: one round trip, then the interval,
+        from its phase on."""
         assert self.sharing is not None
         interval_s = self.sharing.interval_s
         await asyncio.sleep(phase * interval_s)
         while True:
             self._exchange(region)
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(self._store_rtt_s(region) + interval_s)
 
     def _exchange(self, region: str) -> None:
         """Write this gateway's counts and read its peers' latest (one round trip to the store)."""
@@ -764,7 +774,7 @@ class _Replay:
                 book.outstanding_context_tokens(),
             ),
         )
-        half_rtt_s = self.sharing.rtt_s / 2.0
+        half_rtt_s = self._store_rtt_s(region) / 2.0
         if half_rtt_s > 0:
             loop.call_later(half_rtt_s, self._write_and_read, region, report, half_rtt_s)
         else:
@@ -777,7 +787,7 @@ class _Replay:
         its view of the peers' load."""
         assert self.sharing is not None
         interval_s = self.sharing.prefix_interval_s
-        rtt_s = self.sharing.rtt_s
+        own_rtt_s = self._store_rtt_s(region)
         loop = asyncio.get_running_loop()
         await asyncio.sleep(phase * interval_s)
         while True:
@@ -786,11 +796,13 @@ class _Replay:
                 for peer in self.indexes:
                     if peer == region:
                         continue
-                    if rtt_s > 0:
-                        loop.call_later(rtt_s, self._receive_prefixes, peer, updates)
+                    delay_s = (own_rtt_s + self._store_rtt_s(peer)) / 2.0
+                    if delay_s > 0:
+                        loop.call_later(delay_s, self._receive_prefixes, peer, updates)
                     else:
                         self._receive_prefixes(peer, updates)
-            await asyncio.sleep(interval_s)
+            # The publisher waits for its XADD's answer before its next interval, as the gateway's.
+            await asyncio.sleep(own_rtt_s + interval_s)
 
     def _receive_prefixes(self, region: str, updates: list[PrefixUpdate]) -> None:
         assert self.sharing is not None

@@ -166,7 +166,7 @@ def test_a_macro_step_counts_only_the_blocks_requests_still_lack() -> None:
     assert asyncio.run(check()) == 1
 
 
-def peer_sees(at_s: float, **sharing: float) -> int | None:
+def peer_sees(at_s: float, **sharing: object) -> int | None:
     """The node least_load gives a west request at ``at_s`` after east sent one to node 2 at 0.01 s.
 
     Both idle, a west request's first choice is node 2 (its counter's turn); it takes node 1 only
@@ -194,9 +194,24 @@ def test_it_shows_a_peers_load_only_after_the_next_exchanges() -> None:
 
 
 def test_it_delays_a_peers_load_by_the_round_trip_to_the_shared_store() -> None:
-    # east's write lands at 120 ms; west's read at 150 ms lands at 170 ms and answers at 190 ms
-    assert peer_sees(0.185, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 2
-    assert peer_sees(0.195, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 1
+    # One exchange in flight at a time, as the gateway's loop: each starts an interval after the
+    # last one's answer, every 140 ms. east's exchange at 140 ms writes at 160 ms; west's at 190 ms
+    # reads at 210 ms and has the answer at 230 ms.
+    assert peer_sees(0.225, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 2
+    assert peer_sees(0.235, sharing_interval_s=0.1, sharing_rtt_s=0.04) == 1
+
+
+def test_each_region_can_have_its_own_round_trip_to_the_shared_store() -> None:
+    # The store beside west: east exchanges at 0 and 140 ms (its write lands at 160 ms), west every
+    # 100 ms from 50 ms on, reading at once: it sees the request from its read at 250 ms.
+    far_east = {"east": 0.04, "west": 0.0}
+    assert peer_sees(0.245, sharing_interval_s=0.1, sharing_rtt_s=far_east) == 2
+    assert peer_sees(0.255, sharing_interval_s=0.1, sharing_rtt_s=far_east) == 1
+    # The store beside east: its write at 100 ms lands at once; west's reads, 40 ms away, start at
+    # 50 and 190 ms; the second reaches the store at 210 ms and answers at 230 ms.
+    far_west = {"east": 0.0, "west": 0.04}
+    assert peer_sees(0.225, sharing_interval_s=0.1, sharing_rtt_s=far_west) == 2
+    assert peer_sees(0.235, sharing_interval_s=0.1, sharing_rtt_s=far_west) == 1
 
 
 def test_a_replay_with_delayed_sharing_is_deterministic() -> None:
