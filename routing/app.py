@@ -252,6 +252,7 @@ class Gateway:
                 timeouts=lambda: metrics.timeout_counts,
                 queue_lengths=admission.lengths,
                 measured=lambda: (measured.rtt_ms, measured.speeds),
+                peer_staleness=lambda: (dict(sharing.peer_update_delay_s), dict(sharing.peer_report_age_s)),
             )
         )
         tracing = self.tracing or tracing_from_env(config.region, config.gateway_id)

@@ -411,6 +411,25 @@ GATEWAY = Dashboard(
                     "configured speed. Far from the node's configured speed: the configuration is off.",
                 ),
                 Panel(
+                    "How late each gateway sees its peers",
+                    (
+                        q(
+                            f"max by (instance, peer) (gorgo_gateway_peer_update_delay_seconds{{{GW}}})",
+                            "{{instance}}: {{peer}}'s updates",
+                        ),
+                        q(
+                            f"max by (instance, peer) (gorgo_gateway_peer_load_age_seconds{{{GW}}})",
+                            "{{instance}}: {{peer}}'s load report",
+                        ),
+                    ),
+                    unit="s",
+                    width=24,
+                    description="How late a peer gateway's prefix updates (its claims on a node's queue) "
+                    "arrive, and how old its load report was when read. Over a WAN-far Redis this is a "
+                    "round trip and more: a forward priced on a node abroad does not see what that "
+                    "node's own region sent it since (docs/deployment.md, where Redis lives).",
+                ),
+                Panel(
                     "Request log to Redis",
                     (
                         q(

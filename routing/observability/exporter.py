@@ -342,8 +342,10 @@ class StateCollector(Collector):
         timeouts: Callable[[], dict[str, int]] | None = None,
         queue_lengths: Callable[[], dict[str, int]] | None = None,
         measured: Callable[[], tuple[dict[int, float], dict[int, float]]] | None = None,
+        peer_staleness: Callable[[], tuple[dict[str, float], dict[str, float]]] | None = None,
     ) -> None:
         self._measured = measured
+        self._peer_staleness = peer_staleness
         self._queue_lengths = queue_lengths
         self._client_stats = client_stats
         self._timeouts = timeouts
@@ -424,6 +426,26 @@ class StateCollector(Collector):
             for node_id, value in sorted(ms_per_token.items()):
                 speed.add_metric([names.get(node_id, str(node_id))], 1000.0 / value)
             yield speed
+        if self._peer_staleness is not None:
+            update_delay_s, report_age_s = self._peer_staleness()
+            delay = GaugeMetricFamily(
+                "gorgo_gateway_peer_update_delay_seconds",
+                "How late a peer gateway's prefix updates (each also a claim on a node's queue) arrive "
+                "here, smoothed: work a peer sent more recently is not in this gateway's view of the "
+                "nodes yet.",
+                labels=["peer"],
+            )
+            for peer, value in sorted(update_delay_s.items()):
+                delay.add_metric([peer], value)
+            yield delay
+            age = GaugeMetricFamily(
+                "gorgo_gateway_peer_load_age_seconds",
+                "Age of a peer gateway's load report when this gateway last read it.",
+                labels=["peer"],
+            )
+            for peer, value in sorted(report_age_s.items()):
+                age.add_metric([peer], value)
+            yield age
         if self._queue_lengths is not None:
             lengths = GaugeMetricFamily(
                 "gorgo_gateway_queue_length",

@@ -86,6 +86,8 @@ PREFIX_FLUSH_INTERVAL_S = 0.05
 # Claims waiting for their writer's next load report; past this the oldest are dropped (a peer
 # whose reports stopped: its claims would otherwise count forever).
 CLAIMS_MAX = 10_000
+# Weight of each new sample in a peer's smoothed update delay (exponential moving average).
+PEER_DELAY_SMOOTHING = 0.2
 
 # (outstanding requests, outstanding prefill tokens, home requests, outstanding context tokens),
 # each node id -> count
@@ -151,6 +153,11 @@ class GatewaySharing:
         self._stopping = asyncio.Event()
         self._own_id = gateway_id.encode()
         self._failing: set[str] = set()
+        # How stale each peer's state is here, for /metrics (peer gateway id -> seconds): how late
+        # its prefix updates (and so its claims) arrive, smoothed, and how old its load report was
+        # when last read. Over a WAN these are what a forward priced on them does not know yet.
+        self.peer_update_delay_s: dict[str, float] = {}
+        self.peer_report_age_s: dict[str, float] = {}
         # Counters for /metrics and tests.
         self.updates_sent = 0
         self.updates_applied = 0
@@ -305,6 +312,11 @@ class GatewaySharing:
             return
         if oldest_s is None:  # live, not the warm start's history
             apply_peer_update(self._index, self._peers, update)
+            delay_s = max(self._clock() - update.ts, 0.0)
+            previous = self.peer_update_delay_s.get(update.gateway_id)
+            self.peer_update_delay_s[update.gateway_id] = (
+                delay_s if previous is None else previous + PEER_DELAY_SMOOTHING * (delay_s - previous)
+            )
         else:
             self._index.apply_remote(update)
         self.updates_applied += 1
@@ -334,6 +346,9 @@ class GatewaySharing:
                     expired.append(field)
                 continue
             fresh.append(peer)
+        self.peer_report_age_s = {peer.gateway_id: max(now_s - peer.updated_at, 0.0) for peer in fresh}
+        for gone in set(self.peer_update_delay_s) - set(self.peer_report_age_s):
+            del self.peer_update_delay_s[gone]  # a peer gone stale or away: no figure for it
         if expired:
             await self._redis.hdel(self._keys.gateway_load, *expired)
         self._peers.read_reports(fresh)

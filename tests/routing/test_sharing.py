@@ -10,11 +10,14 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, generate_latest
 
 from routing.algorithms.base import NodeLoad
 from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
 from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
+from routing.observability.exporter import StateCollector
 from routing.state import sharing as sharing_module
+from routing.state.inflight import InFlight
 from routing.state.sharing import (
     MAX_HASHES_PER_UPDATE,
     PRUNE_AFTER_S,
@@ -333,3 +336,41 @@ def test_a_claim_counts_only_what_the_index_did_not_place_yet() -> None:
     assert peers.load() == {2: NodeLoad(1, 128, 0, 128)}  # the report, not the report and the claim
     apply_peer_update(index, peers, PrefixUpdate(SCHEMA_VERSION, "east", 3, tuple(hashes), 101.2))
     assert peers.load() == {2: NodeLoad(1, 128, 0, 128)}  # older than the report: already in it
+
+
+async def test_it_shows_how_late_each_peers_updates_and_reports_arrive(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    """Over a WAN a far gateway's view of its peers trails by a round trip and more (docs/deployment.md):
+    the reader keeps, per peer, how late its prefix updates arrive and how old its load report was when
+    read, and /metrics shows both. Here the reader's clock runs 0.3 s ahead of the writer's: to it every
+    update and report of the writer is at least 0.3 s old."""
+    east, west = ApproxPrefixIndex(), ApproxPrefixIndex()
+    async with (
+        running(gateway(client, redis_keys, "east", east)),
+        running(gateway(client, redis_keys, "west", west, clock=lambda: time.time() + 0.3)) as reader,
+    ):
+        east.insert(2, text("first", 2))  # once it reached west (warm start or stream), west reads on
+        await eventually(lambda: reader.updates_applied == 1)
+        east.insert(1, text("second", 3))  # read live from the stream: its delay is taken
+        await eventually(lambda: "east" in reader.peer_update_delay_s and "east" in reader.peer_report_age_s)
+        delay_s = reader.peer_update_delay_s["east"]
+        age_s = reader.peer_report_age_s["east"]
+        registry = CollectorRegistry()
+        registry.register(
+            StateCollector(
+                InFlight(),
+                node_names=dict,
+                policy_version=lambda: None,
+                redis_connected=lambda: True,
+                policy_events=dict,
+                request_log=lambda: (0, 0, 0),
+                peer_staleness=lambda: (dict(reader.peer_update_delay_s), dict(reader.peer_report_age_s)),
+            )
+        )
+        metrics = generate_latest(registry).decode()
+    assert 0.3 <= delay_s < 0.3 + 1.0  # the offset, plus the flush period and a loopback hop
+    assert 0.3 <= age_s < 0.3 + 1.0  # the offset, plus at most a load period and the exchange
+    assert f'gorgo_gateway_peer_update_delay_seconds{{peer="east"}} {delay_s!r}' in metrics
+    assert 'gorgo_gateway_peer_load_age_seconds{peer="east"}' in metrics
+    assert "west" not in reader.peer_update_delay_s  # its own updates are no peer's
