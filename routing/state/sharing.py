@@ -363,7 +363,12 @@ class GatewaySharing:
 
     def _expire_peer_load(self) -> None:
         now_s = self._clock()
-        if self._peer_load and now_s - self._peer_load_at_s > self.peer_stale_after_s:
+        if now_s - self._peer_load_at_s <= self.peer_stale_after_s:
+            return
+        # Nothing read for that long: how late the peers are is unknown, not the last figure.
+        self.peer_update_delay_s.clear()
+        self.peer_report_age_s.clear()
+        if self._peer_load:
             self._peers = PeerLoad()
             self._set_peer_load({}, now_s)
 

@@ -374,3 +374,28 @@ async def test_it_shows_how_late_each_peers_updates_and_reports_arrive(
     assert f'gorgo_gateway_peer_update_delay_seconds{{peer="east"}} {delay_s!r}' in metrics
     assert 'gorgo_gateway_peer_load_age_seconds{peer="east"}' in metrics
     assert "west" not in reader.peer_update_delay_s  # its own updates are no peer's
+
+
+def test_a_peers_staleness_is_unknown_once_nothing_was_read_for_too_long() -> None:
+    """With Redis away the last figures would claim fresh peers: past ``peer_stale_after_s`` without
+    a read they are dropped with the peers' load, not shown as they were."""
+    now = [1_000.0]
+    sharing = GatewaySharing(
+        None,  # type: ignore[arg-type]  # no Redis call is made here
+        RedisKeys(prefix="unused"),
+        gateway_id="west",
+        region="us-east",
+        index=ApproxPrefixIndex(),
+        load_source=no_load,
+        peer_stale_after_s=3.0,
+        clock=lambda: now[0],
+    )
+    sharing._set_peer_load({}, now[0])  # the last read: every peer's load was zero
+    sharing.peer_update_delay_s["east"] = 0.04
+    sharing.peer_report_age_s["east"] = 0.09
+    now[0] += 2.0
+    sharing._failed("load-exchange", ConnectionError("down"))
+    assert sharing.peer_report_age_s == {"east": 0.09}  # within the stale time: still the last read
+    now[0] += 2.0
+    sharing._failed("load-exchange", ConnectionError("down"))
+    assert sharing.peer_update_delay_s == {} and sharing.peer_report_age_s == {}
