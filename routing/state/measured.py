@@ -20,8 +20,9 @@ it (``GorgoParams.measured_inputs``):
   of them agree within ``RATIO_AGREEMENT`` (a probe that is off is usually off for every path it
   measures: it sits elsewhere than the gateway, or times something else).
 - **Prefill speed.** From the head to the first token a stream spends its queue and its prefill
-  at the node. Only answers for which this gateway knew of no queue ahead (``queue_ms`` 0 in the
-  decision's terms) count, and of those the uncached prompt tokens the node reported
+  at the node. Only answers for which this gateway knew of no prefill queued ahead count (the
+  decision's ``queue_ms`` no larger than a busy batch's decode slowdown alone puts there:
+  ``routing.proxy.outcome``), and of those the uncached prompt tokens the node reported
   (``usage.prompt_tokens - cached_tokens``). A least-squares line ``ms = step + ms_per_token x
   uncached`` over the last ``SPEED_SAMPLES`` of them, refitted without the samples far above it (a
   queue the gateway did not know of, another gateway's request ahead, only makes a sample slower),
