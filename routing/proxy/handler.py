@@ -390,7 +390,7 @@ class Proxy:
         self._sequence += 1
         homing = uses_index and table.homes_prefixes
         measured = self._measured
-        measures = table.measures_inputs
+        measures = table.measures_inputs if route is None else route.measures_inputs
         if homing or measures:
             now_s = _perf_counter()
             if now_s >= self._tick_at_s:  # what fades or goes stale is looked at once a second

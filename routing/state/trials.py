@@ -47,6 +47,10 @@ class TrialRoute:
     salt_crc: int  # the salt's crc32: the hash of a key continues from it
     same_guards: bool  # its residency, maximum RTT and model scope are the live policy's
     reweighs: bool = False  # gorgo beside gorgo, same guards: the same per-node terms, weighed again
+    # a canary that routes on what the gateway measured (gorgo's ``measured_inputs``; the live
+    # policy's own setting is ``RoutingTable.measures_inputs``). A shadow decides on the live
+    # request's view, its inputs included.
+    measures_inputs: bool = False
 
     @property
     def id(self) -> int:
@@ -95,6 +99,7 @@ def load_trial(
         reweighs=same_guards
         and isinstance(spec.policy.params, GorgoParams)
         and isinstance(live_params, GorgoParams),
+        measures_inputs=isinstance(spec.policy.params, GorgoParams) and spec.policy.params.measured_inputs,
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from routing.algorithms import gorgo
 from routing.algorithms.base import RoutingRequest, RoutingView
-from routing.contract import GorgoParams, RequestRecord, decode
+from routing.contract import GorgoParams, PolicySpec, RequestRecord, TrialSpec, decode
 from routing.state.measured import (
     REFIT_S,
     RTT_MIN_SAMPLES,
@@ -23,6 +23,7 @@ from routing.state.measured import (
     MeasuredInputs,
     fit_ms_per_token,
 )
+from routing.state.trials import in_canary
 from tests.routing.support import (
     MODEL,
     gateway_config,
@@ -218,3 +219,49 @@ async def test_told_values_only_when_the_policy_says_so(aredis, redis_keys, redi
         measured = dict(gateway.app.runtime.proxy._measured.rtt_ms)
     assert set(names) == {"node-2"}
     assert measured[2] > 55.0
+
+
+async def test_a_canary_routes_on_its_own_measured_inputs_setting(
+    aredis, redis_keys, redis_url, stubs
+) -> None:
+    """A canary of the same gorgo with ``measured_inputs`` off is the operator's A/B of the
+    measurement: its sessions must keep routing on the told table while the live arm's move (the
+    table says node 2 abroad is 5 ms away, home node 1 30 ms; node 2 is really 60 ms away)."""
+    home, abroad = stubs
+    home.head_delay_s, abroad.head_delay_s = 0.030, 0.060
+    nodes = (make_node(1, home.url, region="us-east"), make_node(2, abroad.url, region="eu-central"))
+    told_only = TrialSpec(
+        id=9,
+        kind="canary",
+        policy=PolicySpec(
+            id=2,
+            name="told",
+            algorithm="gorgo",
+            params=GorgoParams(w_displacement=0.0, measured_inputs=False),
+        ),
+        share=0.5,
+        salt="measure",
+    )
+    snapshot = make_snapshot(nodes, params=GorgoParams(w_displacement=0.0), canary=told_only)
+    await publish(aredis, redis_keys, snapshot)
+    await publish_live(aredis, redis_keys, rtt_ms={("us-east", 1): 30.0, ("us-east", 2): 5.0})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    async def served(session: str) -> str:
+        answer = await gateway.http.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
+        assert answer.status_code == 200
+        return answer.headers["x-gorgo-node"]
+
+    async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+        await wait_for(lambda: gateway.app.runtime.store.table.canary is not None)
+        canary = gateway.app.runtime.store.table.canary
+        sessions = [f"conversation-{index}" for index in range(40)]
+        live = next(session for session in sessions if not in_canary(canary, session))
+        trial = next(session for session in sessions if in_canary(canary, session))
+        for _ in range(RTT_MIN_SAMPLES):
+            assert await served(live) == "node-2"  # nothing measured yet: both arms go by the table
+        await asyncio.sleep(REFIT_S + 0.05)
+        await served(live)
+        await wait_for(lambda: 2 in gateway.app.runtime.proxy._measured.rtt_ms)
+        assert await served(live) == "node-1"  # the live arm routes on the measured 60 ms
+        assert await served(trial) == "node-2"  # the canary, told 5 ms, still goes by the table
