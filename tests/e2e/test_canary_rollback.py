@@ -171,12 +171,28 @@ def test_a_canary_blind_to_the_network_is_rolled_back_having_served_only_its_sha
     )
 
     # What the gateway logged: the canary served at most its share of the traffic while it ran.
-    client = redis.Redis.from_url(redis_url)
-    records = [
-        decode(fields[REQUEST_STREAM_FIELD.encode()], RequestRecord)
-        for _, fields in client.xrange(redis_keys.request_stream)
-    ]
-    client.close()
+    # The gateway writes its request log in the background, in batches: the last answers' records
+    # reach the stream a moment after the answers themselves.
+    def logged() -> list[RequestRecord]:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            return [
+                decode(fields[REQUEST_STREAM_FIELD.encode()], RequestRecord)
+                for _, fields in client.xrange(redis_keys.request_stream)
+            ]
+        finally:
+            client.close()
+
+    def on_version_after(records: list[RequestRecord]) -> list[RequestRecord]:
+        return [r for r in records if r.policy_version is not None and r.policy_version >= ended_version]
+
+    wait_until(
+        lambda: len(on_version_after(logged())) >= 40,
+        10,
+        interval_s=0.2,
+        what="the log of the answers after the rollback",
+    )
+    records = logged()
     during = [r for r in records if r.canary_id == canary["id"]]
     arms = Counter(r.arm for r in during)
     share = arms["canary"] / len(during)
@@ -184,5 +200,5 @@ def test_a_canary_blind_to_the_network_is_rolled_back_having_served_only_its_sha
     n = len(during)
     assert share <= SHARE_PERCENT / 100 + 3 * (0.2 * 0.8 / n) ** 0.5, (share, n)
     assert {r.node_id for r in during if r.arm == "live"} == {node_ids["us-east-1"]}  # live stays home
-    after = [r for r in records if r.policy_version is not None and r.policy_version >= ended_version]
+    after = on_version_after(records)
     assert len(after) >= 40 and all(r.canary_id is None for r in after)  # the gateway dropped it
