@@ -124,7 +124,8 @@ def _pricing(view: RoutingView) -> GorgoParams:
 
 
 def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: AlgorithmParams) -> RoutingView:
-    """``view`` with other candidates and parameters: the same load, RTT, live state and matches."""
+    """``view`` with other candidates and parameters: the same load, RTT, live state, matches,
+    prefix rent and measured speeds (the live request's inputs, all of them)."""
     return RoutingView(
         view.region,
         candidates,
@@ -135,6 +136,8 @@ def _beside(view: RoutingView, candidates: tuple[NodeSpec, ...], params: Algorit
         view.matched_tokens,
         view.sequence,
         view.gateway_id,
+        view.prefix,
+        view.ms_per_token,
     )
 
 

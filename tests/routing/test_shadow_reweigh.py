@@ -164,3 +164,32 @@ def test_a_request_both_sides_send_to_one_node_gets_one_prediction() -> None:
             differed_before += not _same_terms(lone, outcome.cost)
     assert same > 100
     assert differed_before > 5  # the cases the old pricing got wrong are in the sample
+
+
+def test_a_shadow_on_other_candidates_decides_on_the_live_requests_measured_speeds() -> None:
+    """A shadow whose guards leave it other candidates than the live policy's gets a view of its
+    own: it keeps the live view's measured prefill speeds (before, it was priced at the told speeds
+    while the live side used the measured ones, so the two sides' TTFT estimates disagreed on the
+    same node)."""
+    from routing.contract import PolicySpec, TrialSpec
+    from routing.proxy.shadow import shadow_decision
+    from routing.state.trials import TrialRoute
+
+    nodes = tuple(make_node(i, region=REGIONS[(i - 1) % 3], prefill_tokens_per_s=10_000.0) for i in (1, 2, 3))
+    measured = {1: 0.5, 2: 0.5, 3: 0.5}  # ms per token: five times slower than the told 0.1
+    request = RoutingRequest(MODEL, 8_000, 2_000)
+    view = RoutingView(
+        "us-east", nodes, GorgoParams(), {}, {1: 1.0, 2: 90.0, 3: 230.0}, {}, {}, 1, "gw", None, measured
+    )
+    live = gorgo.choose(view, request)
+    spec = TrialSpec(
+        id=1,
+        kind="shadow",
+        policy=PolicySpec(id=2, name="s", algorithm="gorgo", params=GorgoParams(w_rtt=2.0)),
+    )
+    home_only = {MODEL: nodes[:1]}  # e.g. a residency guard: the shadow may use us-east only
+    shadow = TrialRoute(spec, gorgo.INFO, GorgoParams(w_rtt=2.0), home_only, 0, 0, False)
+    outcome = shadow_decision(shadow, view, request, live)
+    assert outcome.node is nodes[0] and outcome.cost is not None
+    assert outcome.cost.prefill_ms == pytest.approx(2_000 * 0.5)  # measured, as the live side's
+    assert live.cost is not None and live.cost.prefill_ms == pytest.approx(2_000 * 0.5)
