@@ -544,7 +544,7 @@ class RunSpec:
     rate_rps: float
     requests: int
     seed: int = 1
-    param_overrides: dict[str, float] = field(default_factory=dict)
+    param_overrides: dict[str, float | bool] = field(default_factory=dict)
     shared_state: str = "loopback"  # or "wan": the gateways reach Redis through their region's delay
     front_door: bool = False  # a client key with limits on every gateway request
     # Wrong inputs (benchmarks/routing_sensitivity.py): the policy is told prefill speeds this many
@@ -990,6 +990,15 @@ def parse_client_shares(text: str) -> dict[str, float]:
     return shares
 
 
+def param_overrides_of(items: list[str]) -> dict[str, float | bool]:
+    """``NAME=VALUE`` items as policy parameters: true/false a switch (e.g. measured_inputs), else a number."""
+    overrides: dict[str, float | bool] = {}
+    for name, _, value in (item.partition("=") for item in items):
+        lowered = value.strip().lower()
+        overrides[name] = lowered == "true" if lowered in ("true", "false") else float(value)
+    return overrides
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1153,7 +1162,7 @@ def main(argv: list[str] | None = None) -> int:
     if not shared_states or set(shared_states) - set(SHARED_STATES):
         raise SystemExit(f"--shared-state: comma-separated, of {', '.join(SHARED_STATES)}")
     notes: list[str] = []
-    param_overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
+    param_overrides = param_overrides_of(args.param)
     if param_overrides:
         notes.append(f"policy parameters overridden: {param_overrides}")
     if router is None and any(p in PEERS for p in policies):
@@ -1237,7 +1246,7 @@ class Campaign:
     policies: list[str]
     shared_states: list[str]
     requests: int
-    param_overrides: dict[str, float]
+    param_overrides: dict[str, float | bool]
     redis_url: str
     workdir: Path
     router: str | None

@@ -51,6 +51,7 @@ from routing_quality import (  # this directory is on sys.path
     SCENARIOS,
     WARMUP_SHARE,
     _params,
+    param_overrides_of,
     scenario_rate,
 )
 from wan_state import home_region, state_rtts_ms  # this directory is on sys.path
@@ -121,7 +122,7 @@ def run(
     policy: str,
     seed: int,
     requests: int,
-    overrides: dict[str, float],
+    overrides: dict[str, float | bool],
     sharing_delay_ms: float = LOAD_INTERVAL_S * 1000.0,
     shared_state_rtt_ms: float | str = 0.0,
     prefix_delay_ms: float = PREFIX_FLUSH_INTERVAL_S * 1000.0,
@@ -296,12 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         help="also write every seed's figures to OUT.json and the summary lines to OUT.md",
     )
     args = parser.parse_args(argv)
-    overrides = {name: float(value) for name, _, value in (item.partition("=") for item in args.param)}
-    against = (
-        {name: float(value) for name, _, value in (item.partition("=") for item in args.against)}
-        if args.against
-        else None
-    )
+    overrides = param_overrides_of(args.param)
+    against = param_overrides_of(args.against) if args.against else None
     seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
     results: list[dict[str, Any]] = []
     lines: list[str] = []
