@@ -107,7 +107,8 @@ from routing.writer import write
 from simulator.harness import free_port, stop_process_group, stop_process_groups, wait_until
 from simulator.server import oracle_key_of
 from simulator.snapshots import make_node, make_snapshot
-from simulator.topology import DEFAULT_TOPOLOGY_PATH, Topology, load_topology
+from simulator.topology import DEFAULT_TOPOLOGY_PATH, EngineParams, Topology, load_topology
+from simulator.topology import NodeSpec as TopologyNode
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.runner import RequestResult
 from simulator.traffic.workloads import (
@@ -153,11 +154,25 @@ OVERFLOW_ONLY_POLICIES = ("gorgo@greedy",)
 PREFILL_TOKENS_PER_S = 1000.0 / 0.094  # the GORGO paper's 0.094 ms per prompt token
 KV_CAPACITY_BLOCKS = 2048  # 32,768 tokens of 16-token blocks: small enough to evict
 MAX_MODEL_LEN = 16_384  # must fit in the KV cache; the longest geo-chat prompt is ~10k tokens
+# The fleet's engine (the topology's [engine] table replaced by these; a node's own [nodes.engine]
+# entries still win, so a topology of mixed GPUs stays mixed: ``node_engine``).
 ENGINE_OVERRIDES = {
     "prefill_tokens_per_s": PREFILL_TOKENS_PER_S,
     "kv_capacity_blocks": KV_CAPACITY_BLOCKS,
     "max_model_len": MAX_MODEL_LEN,
 }
+
+
+def node_engine(spec: TopologyNode) -> EngineParams:
+    """How a node of the topology performs in this benchmark (``ENGINE_OVERRIDES`` under its own)."""
+    return spec.engine_under(ENGINE_OVERRIDES)
+
+
+def fleet_prefill_tokens_per_s(topology: Topology) -> float:
+    """The fleet's mean prefill speed per node (the paper's figure unless the topology mixes GPUs)."""
+    return sum(node_engine(n).prefill_tokens_per_s for n in topology.nodes) / len(topology.nodes)
+
+
 MAX_TOKENS = 128  # the traffic generator's default answer cap
 
 # Arrival rates, calibrated once on the three-region fleet (``--calibrate``, method in the
@@ -233,11 +248,13 @@ def scenario_rate(scenario: Scenario, topology: Topology) -> float:
     workload = scenario.workload
     if workload in FIXED_RATE_RPS:
         return FIXED_RATE_RPS[workload]
+    # Per node at the paper's speed: a fleet of faster or slower GPUs gets the same load per node.
+    paper_nodes = fleet_prefill_tokens_per_s(topology) * len(topology.nodes) / PREFILL_TOKENS_PER_S
     if workload == "diurnal":
-        region_tokens_per_s = PREFILL_TOKENS_PER_S * len(topology.nodes) / len(topology.regions)
+        region_tokens_per_s = PREFILL_TOKENS_PER_S * paper_nodes / len(topology.regions)
         rate = DIURNAL_PEAK_LOAD * region_tokens_per_s / DIURNAL_MEAN_PROMPT_TOKENS / DIURNAL_PEAK_SHARE
     else:
-        rate = RATE_RPS_PER_NODE[workload] * len(topology.nodes)
+        rate = RATE_RPS_PER_NODE[workload] * paper_nodes
     return round(min(rate, HARNESS_MAX_RATE_RPS), 1)
 
 
@@ -299,7 +316,7 @@ def start_fleet(workdir: Path, topology_path: Path, name: str = "fleet") -> Flee
     argv = [sys.executable, "-m", "simulator", "--topology", str(topology_path), "--auto-ports"]
     argv += ["--region-ports", "--json", "--oracle", "--control-port", str(control_port)]
     for name, value in ENGINE_OVERRIDES.items():
-        argv += ["--engine", f"{name}={value}"]
+        argv += ["--engine-default", f"{name}={value}"]
     proc = spawn(name, argv, workdir)
 
     def described() -> dict[str, Any] | None:
@@ -443,13 +460,13 @@ def find_peer() -> str | None:
 # ---- what the control plane and telemetry would write ------------------------------------------
 
 
-def node_specs(
-    topology: Topology, fleet: FleetProc, prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
-) -> tuple[NodeSpec, ...]:
-    """The nodes as the policy describes them (``prefill_tokens_per_s``: what it is told)."""
+def node_specs(topology: Topology, fleet: FleetProc, told_prefill_scale: float = 1.0) -> tuple[NodeSpec, ...]:
+    """The nodes as the policy describes them: each node's own prefill speed and KV cache (as its
+    operator would register them), the speed times ``told_prefill_scale`` (wrong inputs)."""
     specs = []
     for node_id, (spec, node) in enumerate(zip(topology.nodes, fleet.nodes, strict=True), start=1):
         assert spec.name == node["name"]
+        engine = node_engine(spec)
         specs.append(
             make_node(
                 node_id,
@@ -459,9 +476,9 @@ def node_specs(
                 models=(spec.model,),
                 gpu_type=spec.gpu_type,
                 gpu_count=spec.gpu_count,
-                max_num_seqs=spec.engine.max_num_seqs,
-                prefill_tokens_per_s=prefill_tokens_per_s,
-                kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
+                max_num_seqs=engine.max_num_seqs,
+                prefill_tokens_per_s=engine.prefill_tokens_per_s * told_prefill_scale,
+                kv_capacity_tokens=engine.kv_capacity_tokens,
             )
         )
     return tuple(specs)
@@ -846,7 +863,7 @@ def _run_once(
     api_key: str | None = None
     adapters: gorgo_lb_peer.Adapters | None = None
     try:
-        nodes = node_specs(topology, fleet, PREFILL_TOKENS_PER_S * spec.told_prefill_scale)
+        nodes = node_specs(topology, fleet, spec.told_prefill_scale)
         if spec.policy in PEERS:
             assert router is not None
             peer_procs, targets = start_peers(
@@ -859,8 +876,9 @@ def _run_once(
                 fleet.nodes,
                 topology,
                 spec.scenario.client_shares,
-                prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
-                kv_capacity_tokens=KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
+                # its RouteContext takes one speed and one cache for the fleet: the mean, the least
+                prefill_tokens_per_s=fleet_prefill_tokens_per_s(topology),
+                kv_capacity_tokens=min(node_engine(n).kv_capacity_tokens for n in topology.nodes),
                 seed=spec.seed,
             )
             adapters = gorgo_lb_peer.start_adapters(configs, regions, workdir, spawn, wait_ready)
@@ -954,7 +972,7 @@ def calibrate(
     output = run_once(
         RunSpec(scenario, "least_load", probe_rate_rps, requests), topology, redis_url, workdir, None
     )
-    figures = summarize_run(output, PREFILL_TOKENS_PER_S)
+    figures = summarize_run(output, fleet_prefill_tokens_per_s(topology))
     computed_per_request = figures.computed_prefill_tokens / max(1, figures.requests)
     # Utilization grows about linearly with the rate while the hit rate holds; iterate if the
     # suggested rate is far from the probe (the hit rate falls as caches come under pressure).
@@ -1106,9 +1124,20 @@ def describe_fleet(scenario: Scenario, topology: Topology, rate: float) -> dict[
             for i, a in enumerate(topology.regions)
             for b in topology.regions[i + 1 :]
         },
-        "prefill_tokens_per_s_per_node": round(PREFILL_TOKENS_PER_S, 1),
-        "kv_capacity_tokens": KV_CAPACITY_BLOCKS * topology.nodes[0].engine.block_size,
+        **_per_node_or_one(
+            "prefill_tokens_per_s_per_node",
+            {n.name: round(node_engine(n).prefill_tokens_per_s, 1) for n in topology.nodes},
+        ),
+        **_per_node_or_one(
+            "kv_capacity_tokens", {n.name: node_engine(n).kv_capacity_tokens for n in topology.nodes}
+        ),
     }
+
+
+def _per_node_or_one(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``{name: value}`` when every node has the same, else ``{name: {node: value}}``."""
+    distinct = set(values.values())
+    return {name: next(iter(distinct))} if len(distinct) == 1 else {name: values}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1321,7 +1350,7 @@ def run_scenario(campaign: Campaign, scenario: Scenario, topology: Topology) -> 
                 print(f"FAILED: {exc}", flush=True)
                 campaign.notes.append(f"{name}/{policy}/seed {seed} failed: {str(exc)[:300]}")
                 continue
-            figures = summarize_run(output, PREFILL_TOKENS_PER_S)
+            figures = summarize_run(output, fleet_prefill_tokens_per_s(topology))
             figures.phases_s = output.phases_s
             runs.setdefault(name, {}).setdefault(policy, []).append(figures)
             if args.raw:

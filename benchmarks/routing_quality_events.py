@@ -34,6 +34,7 @@ the figure moved by more than 0.5 % either way:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -44,13 +45,12 @@ from typing import Any
 
 from routing_quality import (  # this directory is on sys.path
     GORGO_POLICIES,
-    KV_CAPACITY_BLOCKS,
     MAX_MODEL_LEN,
     MAX_TOKENS,
-    PREFILL_TOKENS_PER_S,
     SCENARIOS,
     WARMUP_SHARE,
     _params,
+    node_engine,
     param_overrides_of,
     scenario_rate,
 )
@@ -127,6 +127,7 @@ def run(
     shared_state_rtt_ms: float | str = 0.0,
     prefix_delay_ms: float = PREFIX_FLUSH_INTERVAL_S * 1000.0,
     peer_claims: bool = True,
+    topology_path: Path | None = None,
 ) -> dict[str, Any]:
     """One (workload, policy, seed) on the event model: p50/p99, cross-region share, per region.
 
@@ -135,6 +136,10 @@ def run(
     store in one region as the wall-clock ``--shared-state wan`` puts it (``wan_state``), each
     region's gateway at its round trip to it."""
     scenario = SCENARIOS[workload]
+    if (
+        topology_path is not None
+    ):  # another fleet, every region's clients alike (routing_quality.py --topology)
+        scenario = dataclasses.replace(scenario, topology_path=topology_path, client_shares=None)
     topology = load_topology(scenario.topology_path)
     rate = scenario_rate(scenario, topology)
     warmup = round(requests * WARMUP_SHARE)
@@ -212,15 +217,17 @@ def format_paired(paired: dict[str, Any]) -> str:
 
 
 def snapshot_of(topology: Topology, params: Any) -> Any:
+    """The fleet as the wall-clock benchmark runs it: each node's engine as ``node_engine`` says
+    (the replay's engines are built from these specs)."""
     nodes = tuple(
         make_node(
             node_id,
             name=spec.name,
             region=spec.region,
             models=(spec.model,),
-            max_num_seqs=spec.engine.max_num_seqs,
-            prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
-            kv_capacity_tokens=KV_CAPACITY_BLOCKS * spec.engine.block_size,
+            max_num_seqs=node_engine(spec).max_num_seqs,
+            prefill_tokens_per_s=node_engine(spec).prefill_tokens_per_s,
+            kv_capacity_tokens=node_engine(spec).kv_capacity_tokens,
         )
         for node_id, spec in enumerate(topology.nodes, start=1)
     )
@@ -285,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         "its work counts from the peer's next load report",
     )
     parser.add_argument(
+        "--topology",
+        type=Path,
+        default=None,
+        help="topology file for every workload (simulator format; as routing_quality.py --topology)",
+    )
+    parser.add_argument(
         "--against",
         action="append",
         default=[],
@@ -317,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.shared_state_rtt_ms,
                     args.prefix_delay_ms,
                     not args.no_peer_claims,
+                    args.topology,
                 )
                 for seed in seeds
             ]
@@ -354,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.shared_state_rtt_ms,
                         args.prefix_delay_ms,
                         not args.no_peer_claims,
+                        args.topology,
                     )
                     for seed in seeds
                 ]
@@ -374,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             "shared_state_rtt_ms": args.shared_state_rtt_ms,
             "prefix_delay_ms": args.prefix_delay_ms,
             "peer_claims": not args.no_peer_claims,
+            "topology": str(args.topology) if args.topology else None,
             "against": against,
             "command": " ".join(["python", "benchmarks/routing_quality_events.py", *(argv or sys.argv[1:])]),
         }

@@ -558,11 +558,15 @@ def _fleet_lines(fleet: dict[str, Any]) -> list[str]:
         for region, info in regions.items()
     )
     rtts = ", ".join(f"{pair} {ms:g}" for pair, ms in fleet["rtt_ms"].items())
-    return [
-        f"Fleet: `{fleet['topology']}`: {shares}. RTT ms: {rtts}. Each node prefills "
-        f"{fleet['prefill_tokens_per_s_per_node']:,.0f} tokens/s with a {fleet['kv_capacity_tokens']:,}-token KV cache.",
-        "",
-    ]
+    speed, cache = fleet["prefill_tokens_per_s_per_node"], fleet["kv_capacity_tokens"]
+    if isinstance(speed, dict) or isinstance(cache, dict):  # a fleet of mixed GPUs: node by node
+        speeds = speed if isinstance(speed, dict) else dict.fromkeys(cache, speed)
+        caches = cache if isinstance(cache, dict) else dict.fromkeys(speed, cache)
+        engines = ", ".join(f"{node} {speeds[node]:,.0f} / {caches[node]:,}" for node in speeds)
+        engine = f"Prefill tokens/s and KV cache tokens per node: {engines}."
+    else:
+        engine = f"Each node prefills {speed:,.0f} tokens/s with a {cache:,}-token KV cache."
+    return [f"Fleet: `{fleet['topology']}`: {shares}. RTT ms: {rtts}. {engine}", ""]
 
 
 def markdown(meta: dict[str, Any], runs: Runs, targets: list[dict[str, Any]], chart_name: str) -> str:

@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="override an engine parameter of every node (repeatable), e.g. kv_capacity_blocks=4096",
     )
     parser.add_argument(
+        "--engine-default",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="replace the topology's [engine] default (repeatable); a node's own [nodes.engine] entry "
+        "still wins, so a fleet of mixed GPUs stays mixed",
+    )
+    parser.add_argument(
         "--kv-events-config",
         action="append",
         default=[],
@@ -98,14 +106,14 @@ def parse_engine_overrides(items: list[str]) -> dict[str, int | float]:
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--engine expects NAME=VALUE, got {item!r}")
+            raise ValueError(f"an engine parameter is NAME=VALUE, got {item!r}")
         try:
             value: int | float = int(raw)
         except ValueError:
             try:
                 value = float(raw)
             except ValueError:
-                raise ValueError(f"--engine {name}: {raw!r} is not a number") from None
+                raise ValueError(f"engine parameter {name}: {raw!r} is not a number") from None
         overrides[name.strip()] = value
     return overrides
 
@@ -143,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             port_offset=args.port_offset,
             only=only,
             engine_overrides=parse_engine_overrides(args.engine),
+            engine_defaults=parse_engine_overrides(args.engine_default),
             time_scale=args.time_scale,
             region_ports=args.region_ports,
             kv_events=parse_kv_events_args(args.kv_events_config, served),

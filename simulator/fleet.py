@@ -44,12 +44,15 @@ class Fleet:
         only: Iterable[str] | None = None,
         engine_overrides: Mapping[str, Any] | None = None,
         node_engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        engine_defaults: Mapping[str, Any] | None = None,
         time_scale: float = 1.0,
         region_ports: bool = False,
         kv_events: Mapping[str, KVEventsConfig | str | Mapping[str, Any]] | None = None,
         enable_prompt_tokens_details: bool | None = None,
     ) -> None:
-        """``enable_prompt_tokens_details`` (vLLM's flag) overrides every node's topology value."""
+        """``enable_prompt_tokens_details`` (vLLM's flag) overrides every node's topology value.
+        ``engine_defaults`` replace the topology's ``[engine]`` table (a node's own entries still
+        win); ``engine_overrides`` then set every node's, ``node_engine_overrides`` one node's."""
         if time_scale <= 0:
             raise ValueError("time_scale must be positive")
         self.topology = topology
@@ -72,8 +75,10 @@ class Fleet:
         for spec in topology.nodes:
             if spec.name not in selected:
                 continue
-            params = spec.engine.with_overrides(engine_overrides).with_overrides(
-                (node_engine_overrides or {}).get(spec.name)
+            params = (
+                spec.engine_under(engine_defaults)
+                .with_overrides(engine_overrides)
+                .with_overrides((node_engine_overrides or {}).get(spec.name))
             )
             events = spec.kv_events
             if kv_events and spec.name in kv_events:

@@ -111,10 +111,21 @@ class NodeSpec:
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens is only
     # reported with it (vLLM's default is off; the shipped topologies turn it on in [fleet])
     enable_prompt_tokens_details: bool = False
+    # The entries of the node's own ``[nodes.engine]`` table (name, value), sorted: what it sets
+    # over the fleet's ``[engine]`` defaults (a faster or slower GPU, a smaller KV cache)
+    engine_own: tuple[tuple[str, Any], ...] = ()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def engine_under(self, defaults: Mapping[str, Any] | None) -> EngineParams:
+        """This node's engine with the fleet's ``[engine]`` defaults replaced by ``defaults``: its
+        own entries still win (a benchmark sets the fleet's engine without flattening a fleet of
+        mixed GPUs)."""
+        if not defaults:
+            return self.engine
+        return self.engine.with_overrides(defaults).with_overrides(dict(self.engine_own))
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +357,7 @@ def _node(
         port=port,
         model=_str(raw.get("model", default_model), f"{where}.model"),
         engine=_engine(engine_raw, default_engine, f"{where}.engine"),
+        engine_own=tuple(sorted(engine_raw.items())),
         gpu_type=_str(raw.get("gpu_type", default_gpu), f"{where}.gpu_type"),
         gpu_count=gpu_count,
         kv_events=kv_events,

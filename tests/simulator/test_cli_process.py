@@ -62,3 +62,15 @@ def test_skip_region_leaves_that_regions_nodes_to_real_vllm(processes: ProcessGr
     )
     rows = {name: region for name, region, _ in URL_RE.findall(process.log())}
     assert set(rows) == {"us-east-1", "us-east-2", "eu-central-1", "eu-central-2"}
+
+
+def test_a_bad_engine_default_is_refused_naming_it() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "simulator", "--auto-ports", "--engine-default", "prefill_tokens_per_s=fast"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert completed.returncode == 2
+    assert "prefill_tokens_per_s" in completed.stderr and "'fast'" in completed.stderr

@@ -107,3 +107,43 @@ def test_it_imports_without_starting_anything() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30
     )
     assert completed.stdout.strip() == "[]", completed.stderr
+
+
+def test_new_fleet_defaults_leave_a_nodes_own_engine_entries_alone(tmp_path: Path) -> None:
+    """A benchmark sets the fleet's engine; a node that sets its own (a slower GPU) keeps it."""
+    node = load_topology(write(tmp_path, VALID)).node("x-1")  # sets max_num_seqs = 8 itself
+    engine = node.engine_under({"max_num_seqs": 64, "prefill_tokens_per_s": 5_000.0})
+    assert (engine.max_num_seqs, engine.prefill_tokens_per_s) == (8, 5_000.0)
+    assert node.engine_under(None) == node.engine
+
+
+def test_the_mixed_gpu_fleet_keeps_its_slow_nodes_under_any_defaults() -> None:
+    topology = load_topology(ROOT / "simulator" / "topologies" / "mixed-gpus.toml")
+    for defaults in (None, {"prefill_tokens_per_s": 10_000.0, "kv_capacity_blocks": 2048}):
+        engines = {n.name: n.engine_under(defaults) for n in topology.nodes}
+        fast = 10_000.0 if defaults else 20_000.0
+        assert {name: e.prefill_tokens_per_s for name, e in engines.items()} == {
+            "us-east-1": fast,
+            "us-east-2": fast,
+            "eu-central-1": fast,
+            "eu-central-2": 5_319.0,
+            "ap-south-1": 5_319.0,
+            "ap-south-2": 5_319.0,
+        }
+        assert engines["ap-south-1"].kv_capacity_tokens == 1024 * 16
+
+
+def test_the_fleet_takes_new_defaults_under_each_nodes_own_and_overrides_over_all() -> None:
+    from simulator.fleet import Fleet
+
+    topology = load_topology(ROOT / "simulator" / "topologies" / "mixed-gpus.toml")
+    fleet = Fleet(
+        topology,
+        auto_ports=True,
+        only=["us-east-1", "ap-south-1"],
+        engine_defaults={"prefill_tokens_per_s": 10_000.0},
+        engine_overrides={"max_num_seqs": 16},
+    )
+    fast, slow = fleet.nodes["us-east-1"].params, fleet.nodes["ap-south-1"].params
+    assert (fast.prefill_tokens_per_s, slow.prefill_tokens_per_s) == (10_000.0, 5_319.0)
+    assert fast.max_num_seqs == slow.max_num_seqs == 16  # --engine still sets every node's
