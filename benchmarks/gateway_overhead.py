@@ -192,12 +192,15 @@ async def stream_ttfb(
     return samples
 
 
-def wrk_script(path: Path, auth: str = "") -> Path:
-    """A wrk script at ``path`` that POSTs the benchmark's chat completion (with ``auth`` as its key)."""
+def wrk_script(path: Path, auth: str = "", delay_ms: float = 0.0) -> Path:
+    """A wrk script at ``path`` that POSTs the benchmark's chat completion (with ``auth`` as its key);
+    ``delay_ms``: each connection waits that long after an answer before its next request (a paced
+    load below saturation)."""
     path.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         + (f'wrk.headers["Authorization"] = "Bearer {auth}"\n' if auth else "")
         + f"wrk.body = {json.dumps(CHAT_BODY.decode())}\n"
+        + (f"function delay() return {delay_ms:g} end\n" if delay_ms > 0 else "")
     )
     return path
 
@@ -654,6 +657,55 @@ def rounds_in_turns(
     return per_round
 
 
+def paced_workers(
+    one: Target, two: Target, rates: list[float], rounds: int, seconds: float
+) -> dict[str, Any]:
+    """CPU per request of ``two`` (``--workers 2``) against ``one`` at paced loads below saturation:
+    per rate, ``rounds`` rounds of ``seconds`` of wrk -c32 against each in turn, every connection
+    waiting after each answer so the 32 together offer about that many requests a second. At
+    saturation the workers share the two cores with wrk and the nodes; paced, the cores have room,
+    so what is left of the ratio is the second process's own cost."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        return {"error": "wrk is not installed"}
+    out: dict[str, Any] = {}
+    idle: dict[str, float] = {}
+    for target in (one, two):  # what each costs with no traffic at all: its background loops
+        before = group_cpu_s(target.process.pid)
+        time.sleep(seconds * 2)
+        idle[target.name] = round((group_cpu_s(target.process.pid) - before) / (seconds * 2) * 1000, 1)
+    out["idle_cpu_ms_per_s"] = idle
+    print(f"    idle CPU, ms a second: {idle}", flush=True)
+    with tempfile.TemporaryDirectory() as workdir:
+        for rate in rates:
+            delay_ms = max(32_000.0 / rate - 0.3, 0.1)  # 32 connections, ~0.3 ms an answer
+            ratios: list[float] = []
+            achieved: dict[str, list[float]] = {one.name: [], two.name: []}
+            cpu_us: dict[str, list[float]] = {one.name: [], two.name: []}
+            for index in range(rounds):
+                cpu: dict[str, float] = {}
+                for target in (one, two) if index % 2 == 0 else (two, one):
+                    script = wrk_script(Path(workdir) / f"paced-{target.port}.lua", target.auth, delay_ms)
+                    before = group_cpu_s(target.process.pid)
+                    _, done = run_wrk(target.port, seconds, script, wrk)
+                    cpu[target.name] = (group_cpu_s(target.process.pid) - before) / done * 1e6
+                    achieved[target.name].append(done / seconds)
+                    cpu_us[target.name].append(cpu[target.name])
+                ratios.append(cpu[two.name] / cpu[one.name])
+            q1, median, q3 = _quartiles(ratios) if len(ratios) > 1 else (ratios[0],) * 3
+            out[f"{rate:g}"] = {
+                "cpu_per_request_x2_vs_x1": round(median, 4),
+                "iqr": [round(q1, 4), round(q3, 4)],
+                "rps": {name: round(statistics.median(values)) for name, values in achieved.items()},
+                "cpu_us_per_request": {name: round(statistics.median(v), 1) for name, v in cpu_us.items()},
+                "rounds": [round(r, 4) for r in ratios],
+            }
+            print(
+                f"    paced ~{rate:g}/s: x2/x1 CPU per request {median:.3f} ({q1:.3f}-{q3:.3f})", flush=True
+            )
+    return out
+
+
 def router_turns(
     router: Target, gateways: tuple[Target, ...], rounds: int, seconds: float, c1_requests: int
 ) -> dict[str, Any]:
@@ -1028,6 +1080,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 for target in together:
                     target.stop()
+        if args.paced_rates and not args.shadow:
+            rates = [float(rate) for rate in args.paced_rates.split(",") if rate.strip()]
+            print(f"  workers: x2 against x1 at paced loads {rates} req/s", flush=True)
+            paced: list[Target] = []
+            try:
+                for name, workers in (("gorgo+frontdoor", 1), ("gorgo+frontdoor x2", 2)):
+                    paced.append(gorgo(args.algorithm, front_door=True, workers=workers))
+                    paced[-1].name = name
+                for target in paced:  # warm them up alike
+                    latency_c1(target.port, 500, warmup=0, auth=target.auth)
+                extras["workers_paced"] = paced_workers(
+                    paced[0], paced[1], rates, args.paced_rounds, args.pair_seconds * 2
+                )
+            except Exception as exc:
+                print(f"  paced workers: failed: {exc}", flush=True)
+                extras["workers_paced"] = {"error": str(exc)[:500]}
+            finally:
+                for target in paced:
+                    target.stop()
         wanted = {"gorgo", "gorgo+frontdoor"}
         if args.pair_rounds and not args.shadow and (not args.only or wanted <= set(args.only)):
             print(
@@ -1201,6 +1272,32 @@ def _markdown(report: dict[str, Any]) -> str:
             )
     elif turns:
         lines += ["", f"Rounds with the Rust router failed: {turns['error']}"]
+    paced = report.get("workers_paced")
+    if paced and "error" not in paced:
+        lines += [
+            "",
+            "Workers at paced loads (`--paced-rates`; wrk -c32, every connection waiting after each answer; "
+            "rounds in turns): CPU per request of `--workers 2` against 1",
+            "",
+            "| offered req/s | x2 / x1 (median, IQR) | achieved req/s x1 / x2 | CPU µs/request x1 / x2 |",
+            "|---:|---:|---:|---:|",
+        ]
+        idle = paced.get("idle_cpu_ms_per_s", {})
+        for rate, figures in paced.items():
+            if rate == "idle_cpu_ms_per_s":
+                continue
+            rps = list(figures["rps"].values())
+            cpu = list(figures["cpu_us_per_request"].values())
+            lines.append(
+                f"| {rate} | {figures['cpu_per_request_x2_vs_x1']:.3f} ({figures['iqr'][0]:.3f}-"
+                f"{figures['iqr'][1]:.3f}) | {rps[0]:,} / {rps[1]:,} | {cpu[0]:g} / {cpu[1]:g} |"
+            )
+        if idle:
+            values = list(idle.values())
+            lines += [
+                "",
+                f"With no traffic, CPU ms a second: one worker {values[0]:g}, two workers {values[1]:g}.",
+            ]
     scaling = report.get("workers")
     if scaling:
         lines += [
@@ -1307,6 +1404,13 @@ def main() -> int:
         help="another checkout (with its .venv) whose gateway runs as `gorgo+frontdoor baseline`, e.g. main",
     )
     parser.add_argument("--pair-seconds", type=float, default=2.0, help="wrk duration per gateway per round")
+    parser.add_argument(
+        "--paced-rates",
+        default="",
+        help="comma-separated request rates: also compare --workers 2 with 1 at these paced loads "
+        "(CPU per request, in turns; e.g. 2000,4000); empty: skip",
+    )
+    parser.add_argument("--paced-rounds", type=int, default=6, help="rounds per paced rate")
     parser.add_argument("--only", nargs="*", help="measure only these targets (direct always runs)")
     parser.add_argument("--skip-peers", action="store_true", help="direct and gorgo only")
     parser.add_argument("--with-httpx", action="store_true", help="also the bare proxy with httpx")
@@ -1400,6 +1504,7 @@ def main() -> int:
         "front_door": front_door,
         "workers": workers,
         "router_turns": outcome["extras"].get("router_turns"),
+        "workers_paced": outcome["extras"].get("workers_paced"),
         "request_log_records": outcome["request_log_records"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
