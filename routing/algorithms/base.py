@@ -242,7 +242,9 @@ class PrefixRent:
         template's header, is no family). Empty: less than a chunk."""
         if self.chunk_tokens <= 0:
             return ()
-        chunks = int(matched_tokens / self.chunk_tokens)
+        # The index reported int(chunks * chunk_tokens): a token short of the chunks it matched
+        # whenever a chunk is not a whole number of tokens (a learned chars/token); add it back.
+        chunks = int((matched_tokens + 1) / self.chunk_tokens)
         hashes = self.hashes
         if chunks > len(hashes):
             chunks = len(hashes)

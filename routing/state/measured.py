@@ -65,7 +65,16 @@ RATIO_AGREEMENT: Final = 0.2
 
 
 class _Node:
-    __slots__ = ("head_ms", "ms_per_token", "rtt_ms", "samples", "seen_s", "unfitted")
+    __slots__ = (
+        "head_at_s",
+        "head_ms",
+        "ms_per_token",
+        "rtt_ms",
+        "sample_at_s",
+        "samples",
+        "seen_s",
+        "unfitted",
+    )
 
     def __init__(self) -> None:
         self.head_ms: deque[float] = deque(maxlen=RTT_SAMPLES)
@@ -74,6 +83,10 @@ class _Node:
         self.ms_per_token: float | None = None
         self.seen_s = 0.0  # when the last estimate was made
         self.unfitted = 0  # samples since then
+        # When the last head and the last prefill sample came: each estimate goes stale on its own
+        # clock (a busy node goes on answering heads while none of its answers is a clean sample).
+        self.head_at_s = 0.0
+        self.sample_at_s = 0.0
 
 
 class MeasuredInputs:
@@ -82,11 +95,13 @@ class MeasuredInputs:
     __slots__ = (
         "_expired_at_s",
         "_merged",
-        "_merged_from",
+        "_merged_told",
+        "_merged_version",
         "_nodes",
         "_speed_version",
+        "_speeds_built",
         "_speeds_for",
-        "_speeds_from",
+        "_speeds_nodes",
         "_told",
         "_version",
         "rtt_ms",
@@ -100,12 +115,16 @@ class MeasuredInputs:
         self.rtt_ms: dict[int, float] = {}
         self.speeds: dict[int, float] = {}
         self._version = 0  # moves whenever rtt_ms does
+        # The last views and what they were built from: the very objects, held (an id() alone
+        # could name a newer object at a freed one's address, which then got the old view)
         self._merged: dict[int, float] = {}
-        self._merged_from: tuple[int, int] = (0, -1)
+        self._merged_told: Mapping[int, float] | None = None
+        self._merged_version = -1
         self._told: dict[int, float] = {}  # node id -> the ms per token it was told (measured nodes)
         self._speed_version = 0  # moves whenever speeds does
         self._speeds_for: dict[int, float] = {}
-        self._speeds_from: tuple[int, int] = (0, -1)
+        self._speeds_nodes: tuple[NodeSpec, ...] | None = None
+        self._speeds_built = -1
 
     def observe_head(self, node: NodeSpec, now_s: float, head_ms: float) -> None:
         """A streamed answer's head arrived from ``node``, ``head_ms`` after the request left
@@ -133,8 +152,10 @@ class MeasuredInputs:
             node = self._nodes[node_id] = _Node()
         if head_ms >= 0.0:
             node.head_ms.append(head_ms)
+            node.head_at_s = now_s
         if node_ms is not None and uncached_tokens is not None and node_ms >= 0.0 and uncached_tokens >= 0:
             node.samples.append((float(uncached_tokens), node_ms))
+            node.sample_at_s = now_s
         node.unfitted += 1
         if (
             now_s - node.seen_s >= REFIT_S
@@ -145,16 +166,24 @@ class MeasuredInputs:
             self._refit(node_id, node, now_s, told_ms_per_token)
 
     def expire(self, now_s: float) -> None:
-        """Forget estimates older than ``STALE_S`` (a node nobody sent to for a while); looks at
-        most once per ``EXPIRE_EVERY_S`` (the request path calls it)."""
+        """Forget a round trip no head renewed for ``STALE_S`` (a node nobody sent to for a while)
+        and a prefill speed no clean sample renewed for as long (a node that stayed busy: its old
+        samples would otherwise be refitted for ever); looks at most once per ``EXPIRE_EVERY_S``
+        (the request path calls it)."""
         if now_s - self._expired_at_s < EXPIRE_EVERY_S:
             return
         self._expired_at_s = now_s
         for node_id, node in self._nodes.items():
-            if now_s - node.seen_s > STALE_S and (node.rtt_ms is not None or node.ms_per_token is not None):
-                node.rtt_ms = node.ms_per_token = None
+            changed = False
+            if now_s - node.head_at_s > STALE_S and (node.rtt_ms is not None or node.head_ms):
+                node.rtt_ms = None
                 node.head_ms.clear()
+                changed = True
+            if now_s - node.sample_at_s > STALE_S and (node.ms_per_token is not None or node.samples):
+                node.ms_per_token = None
                 node.samples.clear()
+                changed = True
+            if changed:
                 self._publish(node_id, node)
 
     def rtt_view(self, told: Mapping[int, float]) -> Mapping[int, float]:
@@ -163,8 +192,7 @@ class MeasuredInputs:
         (``table_ratio``): one dict, rebuilt only when either changed."""
         if not self.rtt_ms:
             return told
-        key = (id(told), self._version)
-        if key != self._merged_from:
+        if told is not self._merged_told or self._version != self._merged_version:
             ratio = table_ratio(self.rtt_ms, told)
             merged = (
                 dict(told)
@@ -174,7 +202,7 @@ class MeasuredInputs:
                 }
             )
             merged.update(self.rtt_ms)
-            self._merged, self._merged_from = merged, key
+            self._merged, self._merged_told, self._merged_version = merged, told, self._version
         return self._merged
 
     def speed_view(self, nodes: tuple[NodeSpec, ...]) -> dict[int, float] | None:
@@ -183,8 +211,7 @@ class MeasuredInputs:
         when nothing is measured. One dict per candidate tuple, rebuilt only when either changed."""
         if not self.speeds:
             return None
-        key = (id(nodes), self._speed_version)
-        if key != self._speeds_from:
+        if nodes is not self._speeds_nodes or self._speed_version != self._speeds_built:
             ratio = agreed_ratio(
                 [ms / self._told[node_id] for node_id, ms in self.speeds.items() if self._told.get(node_id)]
             )
@@ -195,7 +222,7 @@ class MeasuredInputs:
                     if rate > 0:
                         view[node.id] = 1000.0 / rate * ratio
             view.update(self.speeds)
-            self._speeds_for, self._speeds_from = view, key
+            self._speeds_for, self._speeds_nodes, self._speeds_built = view, nodes, self._speed_version
         return self._speeds_for
 
     def _refit(self, node_id: int, node: _Node, now_s: float, told_ms_per_token: float) -> None:

@@ -256,3 +256,20 @@ async def test_the_gateway_brings_a_family_home_and_says_so(aredis, redis_keys, 
     assert homed.homed and homed.runner_up is not None and homed.runner_up.node_id == 2
     assert "gorgo_gateway_prefixes_homed_total 1.0" in metrics
     assert "gorgo_gateway_prefix_rent_seconds_total 0.0\n" not in metrics
+
+
+def test_the_rent_keys_name_every_chunk_the_node_abroad_holds_at_a_learned_chars_per_token() -> None:
+    """The index reports int(chunks x chunk_tokens); the keys took int(tokens / chunk_tokens),
+    a chunk short whenever a chunk is not a whole number of tokens (chars/token 3.7: 69.19 tokens).
+    A node holding exactly a 16-chunk system prompt was keyed at chunk 15 for the first turn and
+    at 16 for the later ones, splitting the family's rent."""
+    chars_per_token = 3.7
+    for held_chunks in (16, 17, 33):
+        index = ApproxPrefixIndex(chars_per_token=chars_per_token, clock=lambda: 1000.0)
+        held = "".join(chr(97 + (i * 7 % 26)) for i in range(held_chunks * CHUNK_BYTES))
+        index.insert(7, held)
+        prompt = held + "another conversation of the family " * 40
+        hashes = index.text_hashes(prompt)
+        keys = PrefixRent(hashes, CHUNK_BYTES / chars_per_token, {}).keys(index.match((7,), prompt)[7])
+        assert keys[0] == hashes[held_chunks - 1], held_chunks  # its deepest chunk
+        assert hashes[15] in keys  # the family's 16-chunk key

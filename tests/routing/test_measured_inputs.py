@@ -100,6 +100,16 @@ class TestRoundTrip:
         measured.expire(STALE_S + 10.0)
         assert measured.rtt_ms == {} and measured.rtt_view({7: 88.0}) == {7: 88.0}
 
+    def test_each_new_table_gets_its_own_view(self) -> None:
+        """The view was cached under id() of a table it did not keep: a new probe round's table
+        built where a freed one had been got the old one's round trips."""
+        measured = MeasuredInputs()
+        feed(measured, 9, [(100.0, 0.0, 0)] * 8)
+        for round_ms in range(1, 300):
+            table = {9: 80.0, 5: float(round_ms)}  # each probe round a new dict
+            assert measured.rtt_view(table)[5] == float(round_ms)
+            del table  # the table replaced: freed, its address free for the next one
+
 
 class TestPrefillSpeed:
     def test_it_fits_the_speed_through_queues_it_did_not_know_of(self) -> None:
@@ -144,6 +154,38 @@ class TestPrefillSpeed:
         assert view[1] == pytest.approx(0.2) and view[2] == pytest.approx(0.21)
         assert view[3] == pytest.approx(0.21)  # told 0.1: the measured nodes say 2.1x (the median)
         assert measured.speed_view(nodes) is view  # built once per candidate tuple
+
+    def test_each_new_candidate_tuple_gets_its_own_view(self) -> None:
+        """The view was cached under id() of a tuple it did not keep: the per-request tuples of
+        nodes with room (admission) or left to retry, built where a freed one had been, got its
+        view, without the new tuple's nodes in it (priced at their told speed, twice too fast)."""
+        measured = MeasuredInputs()
+        lengths = [50, 3_000, 200, 6_000] * 4
+        feed(measured, 1, [(2.0, 7.0 + 0.2 * uncached, uncached) for uncached in lengths])
+        feed(measured, 2, [(2.0, 7.0 + 0.2 * uncached, uncached) for uncached in lengths], t0=10.0)
+        fleet = [make_node(node_id, prefill_tokens_per_s=10_000.0) for node_id in range(1, 40)]
+        for left_out in range(3, 40):
+            nodes = tuple(node for node in fleet if node.id != left_out)  # a new tuple per request
+            view = measured.speed_view(nodes)
+            assert view is not None and set(view) == {node.id for node in nodes}, left_out
+            assert all(ms == pytest.approx(0.2) for ms in view.values())
+            del nodes, view  # the request done: its tuple freed, its address free for the next one
+
+    def test_a_speed_no_clean_sample_renewed_expires_though_heads_go_on(self) -> None:
+        """A node that stays busy answers heads (its round trip stays fresh) but none of its answers
+        is a clean prefill sample: the old samples were refitted for ever and the speed never fell
+        back to the told one."""
+        measured = MeasuredInputs()
+        samples = [(50.0, 7.0 + 0.2 * uncached, uncached) for uncached in [50, 3_000, 200, 6_000] * 4]
+        feed(measured, 3, samples)
+        assert measured.speeds[3] == pytest.approx(0.2)
+        at_s = 10.0
+        while at_s < 2 * STALE_S:  # heads only, every 2 s
+            measured.observe(3, at_s, 50.0, None, None, TOLD_MS_PER_TOKEN)
+            measured.expire(at_s)
+            at_s += 2.0
+        assert 3 not in measured.speeds  # the told speed again
+        assert measured.rtt_ms == {3: 50.0}  # the heads kept renewing the round trip
 
     def test_gorgo_prices_prefill_at_the_measured_speed(self) -> None:
         node = make_node(1, prefill_tokens_per_s=10_000.0)
