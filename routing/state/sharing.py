@@ -330,6 +330,9 @@ class GatewaySharing:
         pipe.hset(self._keys.gateway_load, self.gateway_id, encode(own))
         pipe.hgetall(self._keys.gateway_load)
         _, entries = await pipe.execute()
+        # The reports' ages as of their arrival here, the round trip included (``now_s`` is when
+        # this gateway's own counts were taken, before it)
+        now_s = self._clock()
         fresh: list[GatewayLoad] = []
         expired: list[bytes | str] = []
         for field, raw in entries.items():
@@ -351,7 +354,7 @@ class GatewaySharing:
             del self.peer_update_delay_s[gone]  # a peer gone stale or away: no figure for it
         if expired:
             await self._redis.hdel(self._keys.gateway_load, *expired)
-        self._peers.read_reports(fresh)
+        self._peers.read_reports(fresh, now_s, self.peer_stale_after_s)
         self._set_peer_load(self._peers.load(), now_s)
         return self.load_interval_s
 
@@ -387,13 +390,24 @@ class PeerLoad:
         self._claims: deque[tuple[str, float, int, int]] = deque(maxlen=CLAIMS_MAX)
         self.claims = 0  # claims made so far: a reader republishes the load when it moved
 
-    def read_reports(self, reports: Iterable[GatewayLoad]) -> None:
+    def read_reports(
+        self, reports: Iterable[GatewayLoad], now_s: float | None = None, stale_after_s: float | None = None
+    ) -> None:
         """The fresh peers' reports, just read: they replace the sum, and cover every claim of
-        their writer made up to the report's time (on the writer's clock, like the claims')."""
+        their writer made up to the report's time (on the writer's clock, like the claims'). With
+        ``now_s`` and ``stale_after_s``: a claim whose writer has no fresh report (it stopped, died,
+        or restarted under a new id) is dropped once older than that, as its report would be;
+        before, such a claim counted as load until 10,000 newer ones pushed it out."""
         reports = list(reports)
         self._reported = peer_load_of(reports)
         self._reported_at = reported_at = {report.gateway_id: report.updated_at for report in reports}
-        kept = [claim for claim in self._claims if claim[1] > reported_at.get(claim[0], -math.inf)]
+        oldest_s = -math.inf if now_s is None or stale_after_s is None else now_s - stale_after_s
+        kept = [
+            claim
+            for claim in self._claims
+            if claim[1] > reported_at.get(claim[0], -math.inf)
+            and (claim[0] in reported_at or claim[1] >= oldest_s)
+        ]
         self._claims.clear()
         self._claims.extend(kept)
 

@@ -399,3 +399,78 @@ def test_a_peers_staleness_is_unknown_once_nothing_was_read_for_too_long() -> No
     now[0] += 2.0
     sharing._failed("load-exchange", ConnectionError("down"))
     assert sharing.peer_update_delay_s == {} and sharing.peer_report_age_s == {}
+
+
+def test_the_claims_of_a_peer_that_stopped_reporting_expire_as_its_report_would() -> None:
+    """A peer that stops (its stop() deletes its load entry; a restart is a new gateway id) or dies
+    leaves the claims it made after its last report: no later report of it ever covers them, and
+    they counted as load on their nodes until 10,000 newer claims pushed them out."""
+    index = ApproxPrefixIndex(chars_per_token=4.0)
+    peers = PeerLoad()
+    peers.read_reports([GatewayLoad(SCHEMA_VERSION, "east-123", "us-east", 100.0, {}, {})], 100.0, 3.0)
+    hashes = tuple(index.chunk_hashes("x" * CHUNK_BYTES * 10))
+    apply_peer_update(index, peers, PrefixUpdate(SCHEMA_VERSION, "east-123", 1, hashes, 100.05))
+    assert peers.load() == {1: NodeLoad(1, 640, 0, 640)}  # sent after its report: claimed
+    peers.read_reports([], 102.0, 3.0)  # east's entry gone; its claim is 1.95 s old
+    assert peers.load() == {1: NodeLoad(1, 640, 0, 640)}  # a peer between reports, or just late
+    peers.read_reports([], 103.1, 3.0)  # past the stale time
+    assert peers.load() == {}
+
+
+async def test_a_stopped_peers_claims_leave_the_peer_load(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    """The same through Redis: east's last claim, then its stop() (HDEL of its load entry)."""
+    index = ApproxPrefixIndex()
+    async with running(gateway(client, redis_keys, "west", index, peer_stale_after_s=0.3)) as reader:
+        now = time.time()
+        report = GatewayLoad(SCHEMA_VERSION, "east-123", "us-east", now, {}, {})
+        await client.hset(redis_keys.gateway_load, "east-123", encode(report))
+        update = PrefixUpdate(
+            SCHEMA_VERSION, "east-123", 1, tuple(index.chunk_hashes(text("y", 4))), now + 0.01
+        )
+        await client.xadd(
+            redis_keys.prefix_stream,
+            {
+                sharing_module.PREFIX_STREAM_GATEWAY_FIELD: b"east-123",
+                sharing_module.PREFIX_STREAM_FIELD: encode(update),
+            },
+        )
+        await eventually(lambda: 1 in reader.peer_load)  # claimed
+        await client.hdel(redis_keys.gateway_load, "east-123")  # what east's stop() does
+        await eventually(lambda: 1 not in reader.peer_load, timeout_s=3.0)
+
+
+async def test_a_peers_report_age_counts_this_gateways_round_trip_to_redis() -> None:
+    """The age is taken when the reports arrive, not before the call: a Redis a WAN away (here
+    0.2 s there and back) makes every report at least half of it old, which the gauge shows."""
+    written_at: list[float] = []
+
+    class SlowPipeline:
+        def hset(self, *args: object) -> None: ...
+
+        def hgetall(self, *args: object) -> None: ...
+
+        async def execute(self) -> list[object]:
+            await asyncio.sleep(0.1)  # the call on its way
+            written_at.append(time.time())  # at Redis: the peer's report, written just now
+            entries = {
+                b"east": encode(GatewayLoad(SCHEMA_VERSION, "east", "us-east", written_at[-1], {1: 1}, {}))
+            }
+            await asyncio.sleep(0.1)  # the answer on its way back
+            return [1, entries]
+
+    class SlowRedis:
+        def pipeline(self, transaction: bool = False) -> SlowPipeline:
+            return SlowPipeline()
+
+    sharing = GatewaySharing(
+        SlowRedis(),  # type: ignore[arg-type]
+        RedisKeys(prefix="unused"),
+        gateway_id="west",
+        region="us-east",
+        index=ApproxPrefixIndex(),
+        load_source=no_load,
+    )
+    await sharing._exchange_load_once()
+    assert sharing.peer_report_age_s["east"] >= 0.09  # 0.0 before: the age was taken before the call
