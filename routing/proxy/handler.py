@@ -229,6 +229,8 @@ class Proxy:
         self._measured = measured if measured is not None else MeasuredInputs()
         # The candidates' node ids for the prefix index, for the last candidate tuple seen
         self._ids_of: tuple[tuple[NodeSpec, ...], tuple[int, ...]] = ((), ())
+        # ... and with a shadow's own candidates: (the live tuple, the shadow's, their ids together)
+        self._union_of: tuple[tuple[NodeSpec, ...], tuple[NodeSpec, ...], tuple[int, ...]] = ((), (), ())
         self._id_prefix = f"gw-{os.urandom(4).hex()}-"
         self._last_id = 0  # the last request id made here (hex after the prefix)
         self._id_high = 0  # ... its digits but the last two, and the prefix with them
@@ -375,6 +377,18 @@ class Proxy:
             if candidates is not self._ids_of[0]:  # the same tuple request after request, per model
                 self._ids_of = (candidates, tuple(node.id for node in candidates))
             node_ids = self._ids_of[1]
+            shadow = table.shadow if exchange is not None else None
+            if shadow is not None and (route is not None or not shadow.same_guards):
+                # The shadow decides on its own candidates here (other guards, or a canary's
+                # request): match its nodes too, or it would price every node of its own as a miss.
+                own = shadow.candidates.get(request.model)
+                if own:
+                    union = self._union_of
+                    if candidates is not union[0] or own is not union[1]:
+                        ids = dict.fromkeys(node_ids)
+                        ids.update(dict.fromkeys(node.id for node in own))
+                        union = self._union_of = (candidates, own, tuple(ids))
+                    node_ids = union[2]
             if prompt_ids is not None and prompt_ids.complete:
                 matched = (
                     # The KV-aware index (the gateway's) also takes the tenant; PrefixIndex has no such

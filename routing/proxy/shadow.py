@@ -72,11 +72,11 @@ def decide_with_shadow(
         decision, shadowed = gorgo.choose_twice(view, request, shadow.params)
         return decision, ShadowOutcome(shadow.id, shadowed.node, shadowed.cost, None)
     decision = algorithm.choose(view, request)
-    return decision, shadow_decision(shadow, view, request, decision)
+    return decision, shadow_decision(shadow, view, request, decision, live_view=live_view)
 
 
 def shadow_decision(
-    shadow: TrialRoute, view: RoutingView, request: RoutingRequest, live: Decision
+    shadow: TrialRoute, view: RoutingView, request: RoutingRequest, live: Decision, *, live_view: bool = True
 ) -> ShadowOutcome:
     """The shadow's choice on ``view`` (the live decision's view), priced like the live one.
 
@@ -86,7 +86,9 @@ def shadow_decision(
     shadow evaluates the live candidates anyway (``gorgo.choose_and_price``).
     """
     priced = _priced(live)
-    candidates = view.candidates if shadow.same_guards else shadow.candidates.get(request.model)
+    # The view's candidates are the shadow's only when they are the live policy's and its guards
+    # are too: on a canary's request they are the canary's (its residency, not the shadow's).
+    candidates = view.candidates if shadow.same_guards and live_view else shadow.candidates.get(request.model)
     params = shadow.params
     # type() is, not isinstance(): a msgspec struct's isinstance is a generic call, compiled.
     if not priced and candidates is view.candidates and type(params) is GorgoParams:

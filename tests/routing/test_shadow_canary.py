@@ -44,10 +44,12 @@ def two_regions(stubs):
     )
 
 
-def trial(kind: str, params, *, trial_id: int = 7, share: float = 0.0, residency=()) -> TrialSpec:
+def trial(
+    kind: str, params, *, trial_id: int = 7, share: float = 0.0, residency=(), salt: str = "s4lt"
+) -> TrialSpec:
     algorithm = type(params).__struct_config__.tag
     policy = PolicySpec(id=2, name="candidate", algorithm=algorithm, params=params, residency=residency)
-    return TrialSpec(id=trial_id, kind=kind, policy=policy, share=share, salt="s4lt")
+    return TrialSpec(id=trial_id, kind=kind, policy=policy, share=share, salt=salt)
 
 
 async def records(aredis, redis_keys, count: int) -> list[RequestRecord]:
@@ -148,9 +150,7 @@ class TestCanary:
                     served.setdefault(session, set()).add(answer.headers["x-gorgo-node"])
         assert all(len(nodes) == 1 for nodes in served.values())  # a conversation stays on one side
         on_canary = {session for session, nodes in served.items() if nodes == {"gpu-b"}}
-        route = TrialRoute(
-            canary, None, canary.policy.params, {}, int(0.3 * 2**32), __import__("zlib").crc32(b"s4lt"), False
-        )  # type: ignore[arg-type]
+        route = TrialRoute(canary, None, canary.policy.params, {}, int(0.3 * 2**64), b"s4lt", False)  # type: ignore[arg-type]
         assert on_canary == {session for session in sessions if in_canary(route, session)}
         assert 0.1 < len(on_canary) / len(sessions) < 0.5
         logged = await records(aredis, redis_keys, 120)
@@ -164,3 +164,88 @@ def test_the_canary_hash_picks_its_share_of_keys() -> None:
     )
     share = sum(in_canary(route, f"key-{index}") for index in range(20_000)) / 20_000
     assert 0.09 < share < 0.11
+
+
+def test_two_canaries_pick_their_sessions_independently() -> None:
+    """crc32 continued from the salt is linear: for keys of one length (UUID sessions) two canaries'
+    hashes differed by a constant, so a session in one was in the other with probability ~0 or
+    ~0.75 instead of the other's share."""
+    import uuid
+
+    keys = [str(uuid.UUID(int=index * 7_919 + 12_345, version=4)) for index in range(20_000)]
+    for pair in range(6):
+        first = canary_route(
+            make_snapshot(
+                (make_node(1),), canary=trial("canary", RoundRobinParams(), share=0.1, salt=f"{pair:016x}")
+            )
+        )
+        second = canary_route(
+            make_snapshot(
+                (make_node(1),),
+                canary=trial("canary", RoundRobinParams(), share=0.1, salt=f"{pair + 1000:016x}"),
+            )
+        )
+        in_first = [key for key in keys if in_canary(first, key)]
+        both = sum(in_canary(second, key) for key in in_first) / len(in_first)
+        assert 0.07 < both < 0.13, (pair, both)  # independent: about the second's share
+
+
+def test_a_shadow_keeps_its_own_guards_on_a_canary_request() -> None:
+    """The live policy and its shadow may use us-east only, the canary eu-central only. On a request
+    in the canary the view is the canary's: the shadow took its candidates and "chose" a node its
+    own residency forbids, so the experiment logged a comparison with a policy that cannot exist."""
+    from routing.algorithms.base import RoutingRequest, RoutingView
+    from routing.contract import LeastLoadParams
+    from routing.proxy.shadow import decide_with_shadow
+
+    home = (ResidencyRule("us-east", ("us-east",)),)
+    abroad = (ResidencyRule("us-east", ("eu-central",)),)
+    nodes = (make_node(1, region="us-east"), make_node(2, region="eu-central"))
+    snapshot = make_snapshot(
+        nodes,
+        residency=home,
+        shadow=trial("shadow", LeastLoadParams(), trial_id=8, residency=home),
+        canary=trial("canary", RoundRobinParams(), share=0.5, residency=abroad),
+    )
+    shadow = load_trial(snapshot.shadow, snapshot, "us-east", REGISTRY, {}, {})
+    canary = canary_route(snapshot)
+    assert shadow is not None and shadow.same_guards and not canary.same_guards
+    view = RoutingView("us-east", canary.candidates[MODEL], canary.params)  # a canary request's view
+    decision, outcome = decide_with_shadow(
+        canary.algorithm, shadow, view, RoutingRequest(MODEL, 400, 100), live_view=False
+    )
+    assert decision.node.id == 2  # the canary's own choice, abroad
+    assert outcome.node is not None and outcome.node.id == 1  # the shadow's, within its residency
+
+
+async def test_a_shadow_with_candidates_of_its_own_sees_their_cached_prefixes(
+    aredis, redis_keys, redis_url, stubs
+) -> None:
+    """The live policy may use us-east only; the shadow (gorgo, blind to RTT) may use both nodes.
+    The index was matched over the live candidates only, so the shadow priced its other node as a
+    full miss however much of the prompt it held: node 2, which holds it and prefills 5x faster,
+    lost to node 1."""
+    import time as clock
+
+    nodes = (
+        make_node(1, stubs[0].url, name="gpu-a", region="us-east"),
+        make_node(2, stubs[1].url, name="gpu-b", region="eu-central", prefill_tokens_per_s=50_000.0),
+    )
+    shadow = trial("shadow", GorgoParams(w_rtt=0.0))  # no residency: nodes 1 and 2
+    snapshot = make_snapshot(
+        nodes, params=GorgoParams(), residency=(ResidencyRule("us-east", ("us-east",)),), shadow=shadow
+    )
+    await publish(aredis, redis_keys, snapshot)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "route me " * 450}]}
+    async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+        await wait_for(lambda: gateway.app.runtime.store.table is not None)
+        assert (await gateway.http.post("/v1/chat/completions", json=body)).status_code == 200
+        (first,) = await records(aredis, redis_keys, 1)
+        assert first.node_id == 1 and first.prefix_hashes
+        index = gateway.app.prefix_index
+        index.insert_hashes(2, first.prefix_hashes, clock.time())  # node 2 holds the prompt too
+        assert index.match_hashes(first.prefix_hashes, (2,), clock.time()).get(2, 0) > 0
+        assert (await gateway.http.post("/v1/chat/completions", json=body)).status_code == 200
+        second = (await records(aredis, redis_keys, 2))[1]
+    # both hold it: 5x the prefill speed on node 2 wins for a shadow that ignores the round trip
+    assert second.node_id == 1 and second.shadow_node_id == 2, (second.node_id, second.shadow_cost)

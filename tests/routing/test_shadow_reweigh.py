@@ -153,7 +153,7 @@ def test_a_request_both_sides_send_to_one_node_gets_one_prediction() -> None:
         spec = TrialSpec(
             id=1, kind="shadow", policy=PolicySpec(id=2, name="s", algorithm="gorgo", params=GorgoParams())
         )
-        shadow = TrialRoute(spec, gorgo.INFO, GorgoParams(), {MODEL: view.candidates}, 0, 0, True)
+        shadow = TrialRoute(spec, gorgo.INFO, GorgoParams(), {MODEL: view.candidates}, 0, b"", True)
         live = round_robin.choose(view, request)
         outcome = shadow_decision(shadow, view, request, live)
         if outcome.node is live.node:
@@ -188,7 +188,7 @@ def test_a_shadow_on_other_candidates_decides_on_the_live_requests_measured_spee
         policy=PolicySpec(id=2, name="s", algorithm="gorgo", params=GorgoParams(w_rtt=2.0)),
     )
     home_only = {MODEL: nodes[:1]}  # e.g. a residency guard: the shadow may use us-east only
-    shadow = TrialRoute(spec, gorgo.INFO, GorgoParams(w_rtt=2.0), home_only, 0, 0, False)
+    shadow = TrialRoute(spec, gorgo.INFO, GorgoParams(w_rtt=2.0), home_only, 0, b"", False)
     outcome = shadow_decision(shadow, view, request, live)
     assert outcome.node is nodes[0] and outcome.cost is not None
     assert outcome.cost.prefill_ms == pytest.approx(2_000 * 0.5)  # measured, as the live side's
