@@ -18,8 +18,12 @@ inverting it gives an interval that holds at every look at once::
     half_width = sqrt(V * (V + tau**2) / tau**2 * (2 * ln(1/alpha) + ln((V + tau**2) / V)))
 
 (the normal approximation of the difference of means, so it is applied only once each arm has
-``min_samples``). ``tau`` is set to the margin: the mixture puts its weight on effects of the size
-the operator cares about, which is where the test is most powerful. The canary is rolled back when,
+``min_samples``). ``tau`` is the scale of one request's figure: the arms' pooled standard deviation
+(TTFT) or Bernoulli one (errors), and at least the margin. It was the margin alone, which made a
+stricter margin a smaller ``tau`` and so a wider interval: at a 5 ms margin a canary 300 ms slower
+with a 1 s spread was never rolled back where a 50 ms margin rolled it back, and a margin of 0 made
+the interval infinite. With ``tau`` at least the spread, a smaller margin rolls back whenever a
+larger one does. The canary is rolled back when,
 in some region, the interval's lower end exceeds the margin (it is worse by more than the margin with
 confidence ``1 - alpha``); ``alpha`` is split over the regions compared (Bonferroni), so many regions
 do not multiply the false rollbacks. Error rates use the same interval with Bernoulli variances
@@ -151,20 +155,25 @@ def compare(
     ttft = None
     if canary.ttft_count >= 2 and rest.ttft_count >= 2:
         assert canary.ttft_mean_ms is not None and rest.ttft_mean_ms is not None
+        pooled = (
+            (canary.ttft_count - 1) * canary.ttft_variance_ms2
+            + (rest.ttft_count - 1) * rest.ttft_variance_ms2
+        ) / (canary.ttft_count + rest.ttft_count - 2)
         ttft = always_valid_interval(
             canary.ttft_mean_ms - rest.ttft_mean_ms,
             canary.ttft_variance_ms2 / canary.ttft_count + rest.ttft_variance_ms2 / rest.ttft_count,
-            margin_ms,
+            max(margin_ms, math.sqrt(pooled)),
             alpha,
         )
     errors = None
     if canary.requests and rest.requests:
         p_canary = (canary.errors + 1) / (canary.requests + 2)
         p_rest = (rest.errors + 1) / (rest.requests + 2)
+        p_both = (canary.errors + rest.errors + 1) / (canary.requests + rest.requests + 2)
         errors = always_valid_interval(
             canary.errors / canary.requests - rest.errors / rest.requests,
             p_canary * (1 - p_canary) / canary.requests + p_rest * (1 - p_rest) / rest.requests,
-            margin_error_rate,
+            max(margin_error_rate, math.sqrt(p_both * (1 - p_both))),
             alpha,
         )
     enough = min(canary.requests, rest.requests) >= min_samples

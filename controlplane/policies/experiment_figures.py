@@ -43,8 +43,18 @@ def predicted_ttft_ms(cost: CostTerms | None, node_id: int | None) -> float | No
 
 
 def failed(record: RequestRecord) -> bool:
-    """A server-side failure: 5xx, no answer at all, or an answer that never sent a first token."""
-    return record.status >= 500 or record.status == 0 or (record.status < 400 and record.ttft_ms is None)
+    """A server-side failure: 5xx, no answer at all, an answer that never sent a first token, or a
+    client that gave up waiting for one (499 before a first token: the arm made it wait too long)."""
+    return (
+        record.status >= 500
+        or record.status == 0
+        or (record.status < 400 and record.ttft_ms is None)
+        or _gave_up_waiting(record)
+    )
+
+
+def _gave_up_waiting(record: RequestRecord) -> bool:
+    return record.status == 499 and record.ttft_ms is None
 
 
 def collect(client: redis.Redis, keys: RedisKeys, experiment: PolicyExperiment) -> int:
@@ -111,7 +121,10 @@ def _add_shadow(sums: dict[str, Any], record: RequestRecord) -> None:
 
 
 def _add_arm(sums: dict[str, Any], record: RequestRecord) -> None:
-    if 400 <= record.status < 500:
+    # Client errors say nothing about the policy, except a client that left before its first token
+    # came: counted as an error of its arm, or an arm that made clients wait until they hung up
+    # would look healthy (its slowest requests gone from its TTFT too).
+    if 400 <= record.status < 500 and not _gave_up_waiting(record):
         return
     _count(sums, "requests")
     _count(sums, "errors", failed(record))

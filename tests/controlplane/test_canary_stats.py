@@ -84,3 +84,42 @@ def test_it_splits_alpha_over_regions() -> None:
         {name: arms for name in "abcd"}, margin_ms=50, margin_error_rate=0.02, min_samples=1, alpha=0.05
     )
     assert four[0].error_rate.low < one[0].error_rate.low  # wider: each region at alpha / 4
+
+
+def test_a_stricter_margin_rolls_back_whenever_a_looser_one_does() -> None:
+    """The mixture's scale was the margin itself: a stricter margin made the interval wider, so a
+    canary 4x slower was rolled back at a 50 ms margin and not at 5 ms, and a margin of 0 made the
+    interval infinite (no rollback at all)."""
+    rng = random.Random(2)
+    canary, rest = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+    for _ in range(300):  # TTFT-like spread: exponential, means 400 and 100 ms
+        _add(canary, rng.expovariate(1 / 400))
+        _add(rest, rng.expovariate(1 / 100))
+    verdicts = {
+        margin: compare(
+            "r",
+            _arm(canary),
+            _arm(rest),
+            margin_ms=margin,
+            margin_error_rate=0.02,
+            min_samples=200,
+            alpha=0.05,
+        )
+        for margin in (100, 50, 10, 5, 0)
+    }
+    assert all(verdict.worse is not None for verdict in verdicts.values()), {
+        margin: (verdict.ttft_ms.low, verdict.ttft_ms.high) for margin, verdict in verdicts.items()
+    }
+
+
+def test_an_error_margin_of_zero_still_rolls_back_on_errors() -> None:
+    verdict = compare(
+        "r",
+        ArmSums(requests=1000, errors=500),
+        ArmSums(requests=1000, errors=0),
+        margin_ms=50,
+        margin_error_rate=0.0,
+        min_samples=200,
+        alpha=0.05,
+    )
+    assert verdict.worse is not None and verdict.error_rate is not None and verdict.error_rate.low > 0

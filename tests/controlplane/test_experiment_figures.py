@@ -172,3 +172,43 @@ def test_a_shadow_that_chose_the_live_node_is_counted_with_the_live_terms() -> N
     assert sum(shadow["shadow_predicted_histogram"].values()) == 10  # none lost for want of terms
     assert shadow["shadow_predicted_p50_ms"] == pytest.approx(20.0, rel=0.03)
     assert same[0].shadow_terms == same[0].cost and elsewhere[0].shadow_terms == elsewhere[0].shadow_cost
+
+
+def test_a_canary_whose_clients_hang_up_before_any_token_is_worse() -> None:
+    """A client that gave up before its first token (499) was left out with the other client errors:
+    a canary that made three clients in four wait until they hung up looked as good as the live
+    policy (its slowest requests gone from its TTFT, no error counted)."""
+    from controlplane.policies.canary_stats import ArmSums, compare
+    from controlplane.policies.experiment_figures import add_records
+
+    def record(arm: str, status: int = 200, ttft_ms: float | None = 100.0) -> RequestRecord:
+        return RequestRecord(
+            schema_version=contract.SCHEMA_VERSION,
+            request_id=uuid.uuid4().hex,
+            ts=time.time(),
+            gateway_region="us-east",
+            gateway_id="gw-1",
+            model="m",
+            status=status,
+            stream=True,
+            node_id=1,
+            node_region="us-east",
+            ttft_ms=ttft_ms,
+            canary_id=7,
+            arm=arm,
+        )
+
+    records = [record("live") for _ in range(1000)] + [record("canary") for _ in range(250)]
+    records += [record("canary", status=499, ttft_ms=None) for _ in range(750)]  # waited, then left
+    records += [
+        record("canary", status=400, ttft_ms=None) for _ in range(50)
+    ]  # a bad request: not the policy's
+    figures: dict = {}
+    add_records(figures, 7, records)
+    arms = figures["regions"]["us-east"]
+    canary, rest = ArmSums.from_json(arms["canary"]), ArmSums.from_json(arms["live"])
+    assert (canary.requests, canary.errors) == (1000, 750)
+    verdict = compare(
+        "us-east", canary, rest, margin_ms=50, margin_error_rate=0.02, min_samples=200, alpha=0.05
+    )
+    assert verdict.worse is not None and "error" in verdict.worse
