@@ -121,7 +121,9 @@ class FrontDoor:
                     raise
             else:
                 head = leased
-            charged = prompt_tokens_est if key.tokens_per_min else 0
+            # What the limiter charged: a prompt above a whole minute's tokens is charged that
+            # minute only (the script's and the local buckets' cap), so settling must start there.
+            charged = min(prompt_tokens_est, key.tokens_per_min) if key.tokens_per_min else 0
         self.store.used.add(key.id)
         return Grant(charged, head)
 

@@ -546,10 +546,24 @@ class RateLimiter:
             call.set_result(refusal)
 
     def settle(self, key: ClientKeySpec, charged_tokens: int, used_tokens: int) -> None:
-        """The node reported ``used_tokens``; correct the up-front charge (batched, never awaited)."""
+        """The node reported ``used_tokens``; correct the up-front charge (batched, never awaited).
+
+        A request that used more than it was charged (a long answer) pays the difference out of
+        this gateway's lease first, and sends Redis only what the lease cannot cover: the lease was
+        taken from the same minute, and if the debt went to Redis alone the lease would go on
+        admitting as if it had not been spent (a key at 100k tokens/min let through ~116k with
+        1,000-token answers)."""
         if not key.tokens_per_min or used_tokens == charged_tokens:
             return
         give_back = charged_tokens - used_tokens
+        if give_back < 0:
+            lease = self._leases.get(key.id)
+            if lease is not None and lease.limits[1] == key.tokens_per_min and lease.tokens >= 1:
+                paid = min(int(lease.tokens), -give_back)
+                lease.tokens -= paid
+                give_back += paid
+                if give_back == 0:
+                    return
         self.local.settle(key.id, key.tokens_per_min, give_back)
         slot = (key.id, key.tokens_per_min)
         self._pending[slot] = self._pending.get(slot, 0) + give_back

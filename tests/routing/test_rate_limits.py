@@ -382,3 +382,64 @@ class TestConcurrentMisses:
             await client.aclose()
         assert sum(verdict.allowed for verdict in verdicts) == 2
         assert calls <= 3, calls
+
+
+async def test_a_leases_admissions_stop_once_the_keys_real_usage_has_spent_it(redis_url, redis_keys) -> None:
+    """tokens/min 100,000, prompts estimated at 50 tokens, answers of ~1,000 (the usual chat shape):
+    the lease was charged the estimate only and the rest went to Redis as debt, which the lease
+    never saw, so it went on admitting: ~116,550 tokens used before the first 429 with the default
+    1 % lease (leases off: ~100,800). Each answer is settled before the next request."""
+    from routing.frontdoor.ratelimit import RateLimiter
+
+    tpm, estimate, used = 100_000, 50, 1_050
+    client = make_limiter_redis(redis_url, 1.0)
+    limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)
+    key = make_key("gorgo-sk-k1-debt-secret", requests_per_min=10_000, tokens_per_min=tpm)
+    spent = 0
+    try:
+        for _ in range(1_000):
+            verdict = await limiter.check(key, estimate)
+            if not verdict.allowed:
+                break
+            spent += used
+            limiter.settle(key, estimate, used)  # what FrontDoor.done does with the node's usage
+            await limiter._flush()  # the settle loop, at once
+            if limiter._refills:
+                await asyncio.wait(limiter._refills)
+    finally:
+        await client.aclose()
+    assert spent <= tpm + used + tpm // 100  # the documented slack: one lease slice, one request
+
+
+async def test_a_prompt_larger_than_a_minutes_tokens_is_settled_from_what_it_was_charged(
+    redis_url, redis_keys
+) -> None:
+    """The limiter charges a prompt at most a minute's tokens (the script's cap), but the grant
+    recorded the whole estimate, so settling forgave estimate - tpm of the real usage: a 30k-token
+    prompt on a 10k tokens/min key left the bucket at -500 instead of the -10,000 floor."""
+    from routing.frontdoor.front_door import FrontDoor
+    from routing.frontdoor.keystore import KeyStore
+    from routing.frontdoor.ratelimit import RateLimiter
+    from routing.http.usage import Usage
+    from routing.observability.exporter import GatewayMetrics
+
+    tpm = 10_000
+    client = make_limiter_redis(redis_url, 1.0)
+    limiter = RateLimiter(client, redis_keys, lease_fraction=0.0)
+    door = FrontDoor(
+        "eu-west",
+        KeyStore(client, redis_keys),
+        limiter,
+        ConcurrencyLimiter(client, redis_keys, "gw-1"),  # the key has no max_concurrent
+        GatewayMetrics(),
+    )
+    key = make_key("gorgo-sk-k1-big-secret", tokens_per_min=tpm)
+    try:
+        grant = await door.admit(key, "m", 30_000)  # admitted from a full bucket
+        door.done(key, grant, Usage(prompt_tokens=30_000, completion_tokens=500), 200)
+        await limiter._flush()
+        level = float(await client.hget(redis_keys.rate_limit(key.id), "t"))
+    finally:
+        await client.aclose()
+    assert grant.charged_tokens == tpm
+    assert level <= -tpm + 1  # 30,500 used from 10,000: the debt's floor (a two-minute wait)
