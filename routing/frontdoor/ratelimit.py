@@ -190,6 +190,12 @@ class LocalBuckets:
         t_reset = (tpm - t) * _WINDOW_MS / tpm if tpm else 0
         return (1 if reason == 0 else 0, reason, math.floor(r), r_reset, math.floor(t), t_reset, wait)
 
+    def sync(self, key: ClientKeySpec, requests_left: float, tokens_left: float, now_ms: float) -> None:
+        """What the shared buckets held at the script's last answer: a fallback starts from there,
+        not full. (It started full: one call that timed out mid-minute let this gateway admit a
+        second minute's allowance, past the N-gateways-times-the-limit bound.)"""
+        self._state[key.id] = [float(requests_left), now_ms, float(tokens_left), now_ms]
+
     def settle(self, key_id: str, tpm: int, give_back: int) -> None:
         state = self._state.get(key_id)
         if state is not None:
@@ -434,6 +440,7 @@ class RateLimiter:
                 self.backoff.failed(now, exc)
                 return
             self.backoff.succeeded()
+            self.local.sync(key, raw[2], raw[4], self._clock() * 1000)
             if not raw[0]:
                 return  # the buckets are empty: the next request that needs them asks (and is refused)
             lease = self._leases.get(key.id)
@@ -525,6 +532,7 @@ class RateLimiter:
                 self.fallbacks += 1
                 return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
             self.backoff.succeeded()
+            self.local.sync(key, raw[2], raw[4], self._clock() * 1000)
             if not raw[0]:
                 verdict = make_verdict(key, raw)
                 refusal = (verdict, cost_tokens)

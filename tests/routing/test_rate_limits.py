@@ -443,3 +443,38 @@ async def test_a_prompt_larger_than_a_minutes_tokens_is_settled_from_what_it_was
         await client.aclose()
     assert grant.charged_tokens == tpm
     assert level <= -tpm + 1  # 30,500 used from 10,000: the debt's floor (a two-minute wait)
+
+
+async def test_one_timed_out_call_does_not_give_a_gateway_a_second_minute(redis_url, redis_keys) -> None:
+    """The fallback's local buckets started full, knowing nothing of what the shared bucket had
+    admitted: a 10/min key spent through Redis, then one call that timed out, and the same gateway
+    admitted 10 more within a second (one gateway, twice the limit)."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    from routing.frontdoor.ratelimit import RateLimiter
+
+    rpm = 10
+    client = make_limiter_redis(redis_url, 1.0)
+    limiter = RateLimiter(client, redis_keys, lease_fraction=0.01)  # under 100/min: no lease
+    key = make_key("gorgo-sk-k1-blip-secret", requests_per_min=rpm)
+    evalsha = client.evalsha
+    fail_next = [False]
+
+    async def flaky(*args: object) -> object:
+        if fail_next[0]:
+            fail_next[0] = False
+            raise RedisTimeout("Timeout reading from socket")  # one slow answer
+        return await evalsha(*args)
+
+    client.evalsha = flaky  # type: ignore[method-assign]
+    admitted = 0
+    try:
+        for _ in range(rpm + 5):  # the minute's allowance through Redis, then refusals
+            admitted += (await limiter.check(key, 1)).allowed
+        assert admitted == rpm
+        fail_next[0] = True
+        for _ in range(rpm + 5):  # answered locally for the backoff's second
+            admitted += (await limiter.check(key, 1)).allowed
+    finally:
+        await client.aclose()
+    assert limiter.fallbacks > 0 and admitted <= rpm + 1  # a second's refill at most
