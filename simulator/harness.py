@@ -57,16 +57,51 @@ def _details(describe: Callable[[], str] | None) -> str:
 
 
 def stop_process_group(popen: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
-    """Signal the process group ``popen`` leads (started with ``start_new_session=True``), then
-    SIGKILL it if it has not exited within ``timeout_s``."""
-    if popen.poll() is not None:
-        return
-    os.killpg(popen.pid, sig)
+    """Signal the process group ``popen`` leads (started with ``start_new_session=True``), wait
+    until the whole group has exited, and SIGKILL what is left of it after ``timeout_s``.
+
+    The whole group, not only its leader: a leader that exits first can leave children behind
+    (vLLM's engine core outlived its API server, its KV-event connection still open, so a restart
+    test saw no publisher leave)."""
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, sig)
     try:
         popen.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait(5)
+        pass
+    while time.monotonic() < deadline and _group_alive(popen.pid):
+        time.sleep(0.05)
+    if _group_alive(popen.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        if popen.poll() is None:
+            popen.wait(5)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie waiting for its reaper does not)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True  # no /proc: trust killpg
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def stop_process_groups(
