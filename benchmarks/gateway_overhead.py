@@ -60,7 +60,7 @@ from typing import Any
 
 from overhead_servers import MODEL  # this directory is on sys.path when run as a script
 
-from simulator.harness import free_port, stop_process_group, wait_until
+from simulator.harness import free_port, group_processes, stop_process_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SHADOW_BUDGET_US = 10.0  # issue 23: a shadow adds at most this much gateway CPU per request
@@ -427,18 +427,10 @@ def _percentile(samples: list[float], q: float) -> float:
 
 def group_cpu_s(leader_pid: int, kind: str = "both") -> float:
     """CPU seconds (``user``, ``system`` or ``both``) of the live processes of ``leader_pid``'s group (/proc)."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == leader_pid:  # field 5 of stat: the process group
-            utime, stime = int(fields[11]), int(fields[12])  # clock ticks
-            total += utime if kind == "user" else stime if kind == "system" else utime + stime
+    total = sum(
+        utime if kind == "user" else stime if kind == "system" else utime + stime
+        for _, utime, stime in group_processes(leader_pid)
+    )
     return total / os.sysconf("SC_CLK_TCK")
 
 

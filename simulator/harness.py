@@ -87,21 +87,23 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True  # no /proc: trust killpg
-    for entry in entries:
+    return any(state != "Z" for state, _, _ in group_processes(pgid))
+
+
+def group_processes(pgid: int) -> list[tuple[str, int, int]]:
+    """(state, user ticks, system ticks) of every process of group ``pgid``, from /proc."""
+    found: list[tuple[str, int, int]] = []
+    for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+                fields = stat.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-            return True
-    return False
+        if int(fields[2]) == pgid:
+            found.append((fields[0], int(fields[11]), int(fields[12])))
+    return found
 
 
 def stop_process_groups(
