@@ -30,6 +30,7 @@ from django.utils import timezone
 from controlplane.histogram import add_to_histogram, histogram_quantile_ms, ttft_bin
 from controlplane.policies.models import PolicyExperiment
 from controlplane.policies.request_log import read_records, stream_id_at
+from controlplane.policies.tuner_math import LogSums
 from routing.contract import CostTerms, RedisKeys, RequestRecord
 
 MAX_RECORDS_PER_TICK = 50_000
@@ -132,7 +133,27 @@ def _add_arm(sums: dict[str, Any], record: RequestRecord) -> None:
         _count(sums, "ttft_count")
         _count(sums, "ttft_sum_ms", record.ttft_ms)
         _count(sums, "ttft_sumsq_ms2", record.ttft_ms * record.ttft_ms)
+        # The online tuner's statistic (``tuner_math.LogSums``): mean log TTFT and its variance.
+        log_ttft = LogSums.log_of(record.ttft_ms)
+        _count(sums, "log_ttft_count")
+        _count(sums, "log_ttft_sum", log_ttft)
+        _count(sums, "log_ttft_sumsq", log_ttft * log_ttft)
         add_to_histogram(sums.setdefault("ttft_histogram", {}), {str(ttft_bin(record.ttft_ms)): 1})
+
+
+def arm_totals(figures: dict[str, Any], arm: str) -> tuple[LogSums, dict[str, int]]:
+    """One arm's TTFT over every region: its log sums and its merged histogram (the tuner's input)."""
+    count, total, total_sq = 0, 0.0, 0.0
+    histogram: dict[str, int] = {}
+    for sides in (figures or {}).get("regions", {}).values():
+        sums = sides.get(arm) if isinstance(sides, dict) else None
+        if not sums:
+            continue
+        count += sums.get("log_ttft_count", 0)
+        total += sums.get("log_ttft_sum", 0.0)
+        total_sq += sums.get("log_ttft_sumsq", 0.0)
+        add_to_histogram(histogram, sums.get("ttft_histogram", {}))
+    return LogSums(count, total, total_sq), histogram
 
 
 def _summarise(region: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from simulator.replay import ReplayTooSlow
 log = logging.getLogger(__name__)
 
 RECONCILE_LIMITS_S = (20, 30)
-TUNE_LIMITS_S = (30, 45)  # a window's read is bounded (tuning.MAX_WINDOW_RECORDS)
+TUNE_LIMITS_S = (30, 45)  # a tick reads at most experiment_figures.MAX_RECORDS_PER_TICK records
 WATCH_LIMITS_S = (30, 45)  # a tick's read is bounded (experiment_figures.MAX_RECORDS_PER_TICK)
 
 

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -196,9 +195,49 @@ class ArmTest:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LogSums:
+    """One arm's TTFTs as running sums of their logs: what ``compare_arm_sums`` needs, kept by the
+    experiment figures (``experiment_figures``) so the tuner never re-reads the request log."""
+
+    count: int = 0
+    total: float = 0.0  # sum of log TTFT (ms)
+    total_sq: float = 0.0
+
+    @staticmethod
+    def log_of(ttft_ms: float) -> float:
+        return math.log(max(ttft_ms, 1e-3))
+
+    @classmethod
+    def of(cls, ttfts_ms: Sequence[float]) -> LogSums:
+        logs = [cls.log_of(value) for value in ttfts_ms]
+        return cls(len(logs), math.fsum(logs), math.fsum(v * v for v in logs))
+
+    def mean(self) -> float:
+        return self.total / self.count
+
+    def variance(self) -> float:
+        """The sample variance (n - 1); never negative from rounding."""
+        return max((self.total_sq - self.total * self.total / self.count) / (self.count - 1), 0.0)
+
+
 def compare_arms(
     live_ttfts_ms: Sequence[float],
     trial_ttfts_ms: Sequence[float],
+    windows: int,
+    *,
+    max_windows: int = MAX_WINDOWS_PER_TRIAL,
+    alpha: float = PROMOTE_ALPHA,
+) -> ArmTest:
+    """``compare_arm_sums`` over two arms' TTFTs."""
+    return compare_arm_sums(
+        LogSums.of(live_ttfts_ms), LogSums.of(trial_ttfts_ms), windows, max_windows=max_windows, alpha=alpha
+    )
+
+
+def compare_arm_sums(
+    live: LogSums,
+    trial: LogSums,
     windows: int,
     *,
     max_windows: int = MAX_WINDOWS_PER_TRIAL,
@@ -208,12 +247,10 @@ def compare_arms(
 
     ``windows`` is how many windows the samples span; at ``max_windows`` an undecided test is "not better".
     """
-    live = [math.log(max(v, 1e-3)) for v in live_ttfts_ms]
-    trial = [math.log(max(v, 1e-3)) for v in trial_ttfts_ms]
-    if len(live) < 2 or len(trial) < 2:
+    if live.count < 2 or trial.count < 2:
         raise ValueError("compare_arms needs at least two TTFTs per arm")
-    estimate = statistics.fmean(trial) - statistics.fmean(live)
-    variance = statistics.variance(trial) / len(trial) + statistics.variance(live) / len(live)
+    estimate = trial.mean() - live.mean()
+    variance = trial.variance() / trial.count + live.variance() / live.count
     interval = always_valid_interval(estimate, variance, PROMOTE_TAU, alpha)
     line = -math.log(1.0 / (1.0 - MIN_IMPROVEMENT))
     if interval.high < line:
@@ -224,7 +261,7 @@ def compare_arms(
         verdict = "no difference"
     else:
         verdict = "undecided"
-    return ArmTest(verdict, estimate, interval.low, interval.high, len(live), len(trial), windows)
+    return ArmTest(verdict, estimate, interval.low, interval.high, live.count, trial.count, windows)
 
 
 def p95_rule_better(incumbent_p95_ms: float, trial_p95_ms: float) -> bool:

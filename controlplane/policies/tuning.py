@@ -8,7 +8,9 @@
   incumbent, so a bad trial costs only its share, and the canary's automatic rollback guards it;
 - once the canary has run ``GORGO_TUNER_WINDOW_S`` (plus ``SETTLE_S`` for the gateways to swap)
   and each arm holds ``GORGO_TUNER_MIN_REQUESTS`` answered requests, the two arms' TTFTs since the
-  canary started, from the same traffic, go to ``tuner_math.compare_arms`` at every tick: a trial
+  canary started, from the same traffic (the canary's running sums of log TTFT, kept behind a
+  cursor into the request log by ``experiment_figures``: no tick re-reads what an earlier one
+  counted), go to ``tuner_math.compare_arm_sums`` at every tick: a trial
   faster with confidence is written into the policy's params and promoted (published as the live
   policy, a version whose note carries the evidence); one shown not faster enough, or still
   undecided after ``tuner_math.MAX_WINDOWS_PER_TRIAL`` windows, is stopped; while undecided the
@@ -29,19 +31,17 @@ import dataclasses
 import logging
 import math
 import random
-import statistics
 from datetime import UTC, datetime
 
 import msgspec
-import redis
 from django.conf import settings
 
 from controlplane import audit
 from controlplane.connections import redis_client, redis_keys
-from controlplane.policies import experiments, publishing, tuner_math
+from controlplane.histogram import histogram_quantile_ms
+from controlplane.policies import experiment_figures, experiments, publishing, tuner_math
 from controlplane.policies.choices import ExperimentKindChoices, ExperimentStatusChoices
 from controlplane.policies.models import PolicyExperiment, RoutingPolicy, TuningWindow
-from controlplane.policies.request_log import read_records, stream_id_at
 from controlplane.policies.tuner_math import Bounds, TunerState, Weights
 from routing.contract import GorgoParams, PolicySnapshot
 
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 TUNER_AUTHOR = "online tuner"
 SETTLE_S = 2.0  # gateways swap to a new snapshot within a second of its announcement
-MAX_WINDOW_RECORDS = 50_000  # read at most this many request-log entries per tick
 BOUNDS = Bounds()
 
 
@@ -58,26 +57,18 @@ def live_weights(snapshot: PolicySnapshot) -> Weights | None:
     return (params.w_rtt, params.w_queue) if isinstance(params, GorgoParams) else None
 
 
-def window_ttfts(client: redis.Redis, canary_id: int, since_s: float) -> dict[str, list[float]]:
-    """TTFTs (ms) per arm (``live``, ``canary``) of the answered requests of canary ``canary_id`` since ``since_s``."""
-    records, _ = read_records(
-        client,
-        redis_keys(),
-        stream_id_at(since_s),
-        inclusive=True,
-        limit=MAX_WINDOW_RECORDS,
-        keep=lambda r: (
-            r.canary_id == canary_id and r.arm is not None and r.status == 200 and r.ttft_ms is not None
-        ),
-    )
-    ttfts: dict[str, list[float]] = {"live": [], "canary": []}
-    for record in records:
-        ttfts[record.arm].append(record.ttft_ms)
-    return ttfts
+def arm_figures(canary: PolicyExperiment) -> dict[str, tuple[tuner_math.LogSums, dict[str, int]]]:
+    """Each arm's TTFT since ``canary`` started (log sums, merged histogram), every region pooled.
 
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[18]
+    The canary's figures are running sums behind a cursor into the request log
+    (``experiment_figures.collect``, which ``policies.watch_experiments`` runs too; its
+    compare-and-swap counts every record once). Collecting here first brings them up to this tick;
+    a tick that lags further than ``MAX_RECORDS_PER_TICK`` records decides on what is counted so
+    far and the next tick goes on from the cursor, so the sample grows at any traffic.
+    """
+    experiment_figures.collect(redis_client(), redis_keys(), canary)
+    canary.refresh_from_db(fields=["figures"])
+    return {arm: experiment_figures.arm_totals(canary.figures, arm) for arm in ("live", "canary")}
 
 
 def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None = None) -> TuningWindow | None:
@@ -108,13 +99,15 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
     windows = int((now_s - started_s) // settings.GORGO_TUNER_WINDOW_S)
     if windows < 1:
         return None
-    ttfts = window_ttfts(redis_client(), canary.pk, started_s)
-    if min(len(ttfts["live"]), len(ttfts["canary"])) < settings.GORGO_TUNER_MIN_REQUESTS:
+    arms = arm_figures(canary)
+    (live_sums, live_histogram), (trial_sums, trial_histogram) = arms["live"], arms["canary"]
+    if min(live_sums.count, trial_sums.count) < settings.GORGO_TUNER_MIN_REQUESTS:
         return None  # a quiet fleet gives no evidence either way: wait for it
-    test = tuner_math.compare_arms(ttfts["live"], ttfts["canary"], windows)
+    test = tuner_math.compare_arm_sums(live_sums, trial_sums, windows)
     if test.verdict == "undecided":
         return None  # the always-valid interval allows looking again at the next tick
-    incumbent_p95, trial_p95 = p95(ttfts["live"]), p95(ttfts["canary"])
+    incumbent_p95 = histogram_quantile_ms(live_histogram, 0.95) or math.inf
+    trial_p95 = histogram_quantile_ms(trial_histogram, 0.95) or math.inf
     result = tuner_math.judge(state, test, rng, BOUNDS, live_p95_ms=incumbent_p95, trial_p95_ms=trial_p95)
     system = audit.system_user()
     version = None
@@ -129,7 +122,7 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
         ).ended_version
     else:
         experiments.stop(canary, user=system, note=result.note, author_name=TUNER_AUTHOR)
-    return _record(policy, canary, trial, trial_p95, len(ttfts["canary"]), result, version, now_s)
+    return _record(policy, canary, trial, trial_p95, trial_sums.count, result, version, now_s)
 
 
 def _tuner_canary(policy: RoutingPolicy, since) -> PolicyExperiment | None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass
+
+import pytest
 
 from controlplane.policies import tuner_math
 from controlplane.policies.tuner_math import Bounds, TunerState
@@ -282,3 +285,21 @@ def test_judge_promotes_on_the_tests_verdict_and_says_why() -> None:
 
 def p95_of(values: list[float]) -> float:
     return percentile(values, 95) or 0.0
+
+
+def test_the_test_on_running_sums_is_the_test_on_the_samples() -> None:
+    # The tuner adds each tick's records to running sums (experiment_figures); the verdict and the
+    # interval must be those of the whole sample at once.
+    rng = random.Random(7)
+    live = [rng.lognormvariate(math.log(300), 0.6) for _ in range(500)]
+    trial = [rng.lognormvariate(math.log(270), 0.6) for _ in range(450)]
+    parts = [tuner_math.LogSums.of(trial[index : index + 100]) for index in range(0, 450, 100)]
+    pooled = tuner_math.LogSums(
+        sum(p.count for p in parts), sum(p.total for p in parts), sum(p.total_sq for p in parts)
+    )
+    whole = tuner_math.compare_arms(live, trial, 2)
+    summed = tuner_math.compare_arm_sums(tuner_math.LogSums.of(live), pooled, 2)
+    assert summed.verdict == whole.verdict and summed.trial_requests == 450
+    assert summed.estimate == pytest.approx(whole.estimate, abs=1e-12)
+    assert (summed.low, summed.high) == pytest.approx((whole.low, whole.high), abs=1e-9)
+    assert math.isclose(pooled.variance(), statistics.variance([math.log(v) for v in trial]), rel_tol=1e-9)

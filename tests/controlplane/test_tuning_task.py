@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.connections import redis_client
 from controlplane.locks import task_lock
-from controlplane.policies import experiments, publishing, tasks, tuner_math, tuning
+from controlplane.policies import experiment_figures, experiments, publishing, tasks, tuner_math, tuning
 from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy, TuningWindow
 from routing.contract import (
     REQUEST_STREAM_FIELD,
@@ -148,6 +148,35 @@ def test_it_keeps_an_undecided_trial_running_and_stops_it_at_the_budget(tuned, s
     assert f"in {tuner_math.MAX_WINDOWS_PER_TRIAL} windows" in window.note
     assert live_weights() == (4.0, 0.25)
     assert window.state["sigma"] == tuner_math.SIGMA_START * tuner_math.NO_DIFFERENCE_FACTOR
+
+
+def test_its_sample_keeps_growing_past_one_ticks_read(tuned, monkeypatch) -> None:
+    # Each tick used to re-read the arms from the trial's start, at most 50,000 records of the whole
+    # stream (here 25): above that the sample stopped growing, and a clear winner whose records lay
+    # past the cap was never judged. Running sums behind a cursor count each record once.
+    monkeypatch.setattr(tuning, "MAX_WINDOW_RECORDS", 25, raising=False)  # the cap before
+    monkeypatch.setattr(experiment_figures, "MAX_RECORDS_PER_TICK", 25)
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 600.0)
+    log_requests(canary, "canary", 200.0)
+    windows = [tick(tuned) for _ in range(3)]
+    window = next(each for each in windows if each is not None)
+    assert window.outcome == "accepted" and window.requests == 30
+    canary.refresh_from_db()
+    assert canary.figures["regions"]["us-east"]["live"]["requests"] == 30  # counted once each
+
+
+def test_its_p95_and_requests_come_from_the_canarys_own_figures(tuned) -> None:
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 300.0)
+    log_requests(canary, "canary", 600.0)
+    window = tick(tuned)
+    assert window.requests == 30 and 590 <= window.p95_ms <= 660  # 600..629 ms, histogram bins
+    assert tick(tuned) is None  # a new trial; nothing counted twice
+    canary.refresh_from_db()
+    assert canary.figures["regions"]["us-east"]["canary"]["log_ttft_count"] == 30
 
 
 def test_it_waits_for_a_full_window_with_enough_requests_in_both_arms(tuned) -> None:
