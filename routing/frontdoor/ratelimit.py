@@ -14,8 +14,9 @@ answer, which makes the key wait.
 
 When Redis is unreachable (or slower than ``GORGO_RATELIMIT_REDIS_TIMEOUT_S``), each gateway enforces the same limits on its
 own (``LocalBuckets``), never "unlimited"; so during an outage a fleet of N gateways admits at most
-N times a key's limit. After a failure Redis is skipped for ``retry_after_s`` so requests do not
-each pay a timeout.
+N times a key's limit. What a gateway admits so is owed to the shared buckets and charged to them
+(``_CHARGE``) at the first settle after Redis answers again. After a failure Redis is skipped for
+``retry_after_s`` so requests do not each pay a timeout.
 """
 
 from __future__ import annotations
@@ -100,6 +101,27 @@ local state = redis.call('HMGET', KEYS[1], 't', 'tt')
 if not state[1] then return 0 end
 local t = math.max(-tpm, math.min(tpm, tonumber(state[1]) + tonumber(ARGV[2])))
 redis.call('HSET', KEYS[1], 't', tostring(t))
+return 1
+"""
+
+# KEYS[1]: the bucket hash. ARGV: requests/min, tokens/min, requests and tokens to take: what a
+# gateway admitted on its own counts while Redis was unreachable, charged once it answers again.
+# A bucket goes no lower than a minute's debt; a missing (expired) one starts full.
+_CHARGE = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local rpm = tonumber(ARGV[1])
+local tpm = tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
+local function level(limit, value, at)
+  if limit <= 0 then return 0 end
+  if not value then return limit end
+  return math.min(limit, tonumber(value) + (now - tonumber(at)) * limit / 60000)
+end
+local r = math.max(-rpm, level(rpm, state[1], state[2]) - tonumber(ARGV[3]))
+local t = math.max(-tpm, level(tpm, state[3], state[4]) - tonumber(ARGV[4]))
+redis.call('HSET', KEYS[1], 'r', tostring(r), 'rt', now, 't', tostring(t), 'tt', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
 return 1
 """
 
@@ -356,8 +378,12 @@ class RateLimiter:
         self._waiting: dict[str, list[int]] = {}
         self._check = redis.register_script(_CHECK)
         self._settle = redis.register_script(_SETTLE)
+        self._charge = redis.register_script(_CHARGE)
         self.local = LocalBuckets()
         self._pending: dict[tuple[str, int], int] = {}  # (key id, tpm) -> tokens to give back
+        # (key id, rpm, tpm) -> [requests, tokens] admitted on the local counts while Redis was
+        # unreachable, charged to the shared buckets once it answers (``_flush``)
+        self._owed: dict[tuple[str, int, int], list[int]] = {}
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Task[None] | None = None
@@ -475,8 +501,7 @@ class RateLimiter:
                 return Verdict(True, None, 0.0, headers)
             now = self._clock()
             if not self.backoff.up(now):
-                self.fallbacks += 1
-                return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+                return self._check_locally(key, cost_tokens, now)
             call = self._calls.get(key.id)
             if call is None:
                 return await self._call(key, cost_tokens, now)
@@ -495,6 +520,19 @@ class RateLimiter:
             # when it needs at least what was missing (a request, or as many tokens).
             if refusal is not None and (refusal[0].reason == REQUESTS or cost_tokens >= refusal[1]):
                 return refusal[0]
+
+    def _check_locally(self, key: ClientKeySpec, cost_tokens: int, now: float) -> Verdict:
+        """The fallback while Redis is unreachable: this gateway's own counts. What they admit is
+        owed to the shared buckets and charged once Redis answers (``_flush``); before, the fleet
+        could admit a limit's worth on top of the outage's admissions in the minute after it."""
+        self.fallbacks += 1
+        raw = self.local.check(key, cost_tokens, now * 1000)
+        if raw[0]:
+            rpm, tpm = key.requests_per_min or 0, key.tokens_per_min or 0
+            owed = self._owed.setdefault((key.id, rpm, tpm), [0, 0])
+            owed[0] += 1 if rpm else 0
+            owed[1] += min(cost_tokens, tpm) if tpm else 0
+        return make_verdict(key, raw)
 
     def _extras(self, key_id: str, rpm: int, tpm: int) -> tuple[int, int]:
         """What the next script call leases beyond its own request: the lease topped up to its size,
@@ -529,8 +567,7 @@ class RateLimiter:
                 )
             except (RedisError, OSError, TimeoutError) as exc:
                 self.backoff.failed(now, exc)
-                self.fallbacks += 1
-                return make_verdict(key, self.local.check(key, cost_tokens, now * 1000))
+                return self._check_locally(key, cost_tokens, now)
             self.backoff.succeeded()
             self.local.sync(key, raw[2], raw[4], self._clock() * 1000)
             if not raw[0]:
@@ -579,7 +616,7 @@ class RateLimiter:
     def start(self) -> None:
         self._task = asyncio.create_task(self._settle_loop(), name="gorgo-ratelimit-settle")
         self._warming = asyncio.create_task(
-            warm(self._redis, self._check, self._settle), name="gorgo-ratelimit-warm"
+            warm(self._redis, self._check, self._settle, self._charge), name="gorgo-ratelimit-warm"
         )
 
     async def close(self) -> None:
@@ -597,16 +634,35 @@ class RateLimiter:
             await self._flush()
 
     async def _flush(self) -> None:
-        pending, self._pending = self._pending, {}
-        if not pending:
+        """Send the token corrections and what was admitted during an outage, in one round trip.
+        While Redis is still skipped, or when the call fails, both are kept for the next flush
+        (bounded: one entry per key), so an outage's admissions are charged once it ends."""
+        if not (self._pending or self._owed) or not self.backoff.up(self._clock()):
             return
+        pending, self._pending = self._pending, {}
+        owed, self._owed = self._owed, {}
         try:
             async with asyncio.timeout(1.0):
                 async with self._redis.pipeline(transaction=False) as pipe:
+                    for (key_id, rpm, tpm), (requests, tokens) in owed.items():
+                        await self._charge(
+                            keys=[self._keys.rate_limit(key_id)],
+                            args=[rpm, tpm, requests, tokens],
+                            client=pipe,
+                        )
                     for (key_id, tpm), give_back in pending.items():
                         await self._settle(
                             keys=[self._keys.rate_limit(key_id)], args=[tpm, give_back], client=pipe
                         )
                     await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
-            logger.debug("rate limits: settling failed (%s); dropped %d correction(s)", exc, len(pending))
+            logger.debug(
+                "rate limits: settling failed (%s); keeping %d entries", exc, len(pending) + len(owed)
+            )
+            self.backoff.failed(self._clock(), exc)
+            for slot, give_back in pending.items():
+                self._pending[slot] = self._pending.get(slot, 0) + give_back
+            for owed_slot, (requests, tokens) in owed.items():
+                entry = self._owed.setdefault(owed_slot, [0, 0])
+                entry[0] += requests
+                entry[1] += tokens

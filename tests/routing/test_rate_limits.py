@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from routing.contract import RedisKeys
 from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
@@ -180,6 +182,42 @@ class TestRedisDownFallback:
         await asyncio.sleep(0.06)
         await limiter.check(key, 1)
         assert limiter.fallbacks == 1
+
+    async def test_what_it_admitted_during_an_outage_is_charged_once_redis_answers(
+        self, aredis, redis_url, redis_keys
+    ):
+        # A 5/min key: 3 admitted on the local counts while Redis was skipped. Before, the shared
+        # bucket never heard of them and admitted 5 more in the same minute (8 in all).
+        limiter = RateLimiter(make_limiter_redis(redis_url, 0.25), redis_keys, retry_after_s=0.05)
+        key = make_key(SECRET, requests_per_min=5, tokens_per_min=1_000)
+        try:
+            limiter.backoff.until = time.monotonic() + 60  # as after a failure
+            outage = [await limiter.check(key, 100) for _ in range(3)]
+            assert [verdict.allowed for verdict in outage] == [True] * 3 and limiter.fallbacks == 3
+            await limiter._flush()  # still skipped: kept, not dropped
+            assert await aredis.exists(redis_keys.rate_limit(key.id)) == 0
+            limiter.backoff.until = 0.0  # Redis answers again
+            await limiter._flush()
+            bucket = await aredis.hgetall(redis_keys.rate_limit(key.id))
+            assert float(bucket[b"r"]) == pytest.approx(2, abs=0.01)
+            assert float(bucket[b"t"]) == pytest.approx(700, abs=1)
+            after = [await limiter.check(key, 100) for _ in range(3)]
+        finally:
+            await limiter.close()
+        assert [verdict.allowed for verdict in after] == [True, True, False]
+        assert limiter.fallbacks == 3
+
+    async def test_a_failed_charge_is_kept_for_the_next_flush(self, redis_url, redis_keys):
+        dead = make_limiter_redis(f"redis://127.0.0.1:{free_port()}/0", 0.2)
+        limiter = RateLimiter(dead, redis_keys, retry_after_s=0.05)
+        key = make_key(SECRET, requests_per_min=5)
+        try:
+            assert (await limiter.check(key, 1)).allowed  # the call fails: counted locally
+            await asyncio.sleep(0.06)
+            await limiter._flush()  # fails again
+        finally:
+            await dead.aclose()
+        assert limiter._owed == {(key.id, 5, 0): [1, 0]}
 
 
 class TestLeases:
