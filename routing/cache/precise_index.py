@@ -5,7 +5,8 @@ does not share), so the router does not compute vLLM's hashes for a prompt. Inst
 ``token_ids``: the index computes its own **content key** per block, chained like vLLM's hash
 (``key_i = xxh3_64(token ids of block i, seed=key_{i-1})``, root 0), and keeps per node a map
 engine hash -> content key, so a later ``BlockRemoved`` (which carries engine hashes only) finds
-what to drop. The gateway computes the same content keys from the prompt's token ids
+what to drop (vLLM caches a block computed twice at once twice, under one hash, and removes each
+copy on its own: copies are counted). The gateway computes the same content keys from the prompt's token ids
 (``block_keys``) and walks them: the match is the longest run of leading blocks a node holds.
 
 Which nodes hold a key is one integer bitmask per key (a bit per node slot), as in the approximate
@@ -103,11 +104,14 @@ def extend_block_keys(
 class _NodeBlocks:
     """One node's blocks: engine hash -> content key, and the node's slot in the masks."""
 
-    __slots__ = ("bit", "block_size", "keys")
+    __slots__ = ("bit", "block_size", "copies", "keys")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.keys: dict[EngineHash, int] = {}
+        # Engine hashes cached more than once -> copies: vLLM does not de-duplicate blocks, and
+        # each copy is stored and removed on its own (rare: only these are counted).
+        self.copies: dict[EngineHash, int] = {}
         self.block_size = 0
 
 
@@ -167,6 +171,7 @@ class PreciseIndex:
         holders = self._holders
         refs = self._key_refs
         keys = node.keys
+        copies = node.copies
         if extra_keys is None and lora_name is not None:
             extra_keys = [[lora_name]] * len(block_hashes)
         if extra_keys is not None and len(extra_keys) < len(block_hashes):
@@ -175,7 +180,8 @@ class PreciseIndex:
             seed = parent if extra_keys is None else _seed(parent, extra_keys[i])
             parent = _hash(data[i * step : (i + 1) * step], seed)
             if engine_hash in keys:
-                continue  # stored again (idempotent)
+                copies[engine_hash] = copies.get(engine_hash, 1) + 1  # another copy of the block
+                continue
             keys[engine_hash] = parent
             ref = (bit_index, parent)
             count = refs.get(ref, 0)
@@ -191,7 +197,15 @@ class PreciseIndex:
             return sum(1 for _ in block_hashes)
         unknown = 0
         keys = node.keys
+        copies = node.copies
         for engine_hash in block_hashes:
+            count = copies.get(engine_hash)
+            if count is not None:  # one copy of several is evicted: the node still holds the block
+                if count > 2:
+                    copies[engine_hash] = count - 1
+                else:
+                    del copies[engine_hash]
+                continue
             key = keys.pop(engine_hash, None)
             if key is None:
                 unknown += 1
@@ -220,6 +234,7 @@ class PreciseIndex:
         for key in node.keys.values():
             self._unref(node.bit, key)
         node.keys.clear()
+        node.copies.clear()
 
     def forget_node(self, node_id: int) -> None:
         self.clear(node_id)

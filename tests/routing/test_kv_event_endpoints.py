@@ -86,7 +86,7 @@ async def test_two_gateways_get_every_event_of_a_connect_out_node_through_the_re
         await wait_for(lambda: all(events.mode(NODE_ID) == "precise" for events in gateways))
         await wait_for(lambda: relay.stats.publishers_connected == 1)
         # A PUB drops what it sends before the subscriptions reached it (ZMQ's slow joiner): the
-        # first block is sent again until both gateways hold it (storing it twice is a no-op).
+        # first block is sent again until both gateways hold it (a second copy of a held block counts once in `blocks`).
         for _attempt in range(50):
             publisher.publish([stored(1)])
             try:

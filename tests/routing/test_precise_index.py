@@ -129,3 +129,24 @@ def test_the_key_cache_keeps_tenants_apart() -> None:
     plain = index._keys_for(prompt, 16, ANCHOR_BLOCKS + 1)
     salted = index._keys_for(prompt, 16, ANCHOR_BLOCKS + 1, Tenant(cache_salt="x"))
     assert salted == block_keys(prompt, 16, ANCHOR_BLOCKS + 1, Tenant(cache_salt="x")) != plain
+
+
+def test_a_block_cached_twice_is_held_until_both_copies_are_evicted() -> None:
+    # vLLM does not de-duplicate cached blocks (vllm/v1/core/block_pool.py, BlockHashToBlockMap,
+    # NOTE #1): two requests computing the same prefix at once each cache their own copy, and each
+    # copy has its BlockStored and, when evicted, its BlockRemoved. One eviction leaves a copy that
+    # the next request hits.
+    index = PreciseIndex()
+    prompt = tokens(6, 48)
+    index.store(1, [1, 2, 3], None, prompt, 16)  # request A
+    index.store(1, [2, 3], 1, prompt[16:], 16)  # request B hit block 1, computed its own 2 and 3
+    keys = block_keys(prompt, 16)
+    index.remove(1, [3, 2])  # A's copies are evicted first (freed first)
+    assert index.match_keys(keys, [1], 16) == {1: 48}  # B's copies are still cached
+    assert index.blocks(1) == 3
+    index.remove(1, [3, 2])
+    assert index.match_keys(keys, [1], 16) == {1: 16}
+    index.store(1, [2], 1, prompt[16:32], 16)
+    index.clear(1)  # AllBlocksCleared: every copy goes
+    index.store(1, [2], 1, prompt[16:32], 16)  # parent 1 is gone: not keyed
+    assert index.blocks(1) == 0
