@@ -312,6 +312,28 @@ async def test_a_node_is_approximate_until_its_replay_is_whole() -> None:
         assert events.index.blocks(NODE_ID) == 3
 
 
+async def test_a_replay_of_old_batches_is_not_lag() -> None:
+    # A gateway subscribing to a node that has been idle for a minute replays batches a minute
+    # old (vLLM's replay buffer keeps the last buffer_steps, whatever their age): the index is
+    # whole and current, so the node is precise. Lag is the age of what arrives live.
+    publisher = Publisher(publisher_config(), "127.0.0.1")
+    publisher.start()
+    publisher.publish([stored(1)])
+    publisher.publish([stored(2, parent=1)])
+    events = KVEvents(clock=lambda: time.time() + 60)  # the gateway subscribes a minute later
+    try:
+        await events.sync({NODE_ID: EventSource(publisher.endpoint, publisher.replay_endpoint)})
+        subscriber = events.subscribers[NODE_ID]
+        await wait_for(lambda: subscriber._expected == 2 and not subscriber._replaying)
+        assert events.mode(NODE_ID) == "precise"
+        publisher.publish([stored(3, parent=2)])  # a batch a minute old on arrival: lagging
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 3)
+        assert events.mode(NODE_ID) == "approximate"
+    finally:
+        await events.close()
+        await publisher.stop()
+
+
 async def test_a_sequence_back_to_zero_empties_the_node_at_once() -> None:
     # vLLM 0.32 restarted behind a relay (the gateway's connection never drops): the only sign is
     # the sequence starting again at 0, and no AllBlocksCleared comes. The new process holds

@@ -4,8 +4,8 @@ The frames and batches are decoded by ``decoder``. Each ``NodeSubscriber`` (an a
 gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decides the node's
 **mode**:
 
-- ``precise`` while its SUB socket is connected, its sequence is in order and its events are
-  fresh (lag under ``MAX_LAG_S``). With a replay endpoint, from when the replay of what the node
+- ``precise`` while its SUB socket is connected, its sequence is in order and its live events
+  are fresh (lag under ``MAX_LAG_S``; replayed batches are as old as the buffer, not late). With a replay endpoint, from when the replay of what the node
   already holds is done (not while it is under way: its first batch alone would make a partial
   index look whole); without one, from the connection (blocks stored before it stay unknown:
   an under-estimate);
@@ -308,7 +308,9 @@ class NodeSubscriber:
             self._expected = seq
         self._apply(seq, payload)
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    def _apply(self, seq: int, payload: bytes, *, live: bool = True) -> None:
+        """Apply one batch; ``live`` False for a replayed one, whose age is not lag (the replay
+        buffer holds batches of any age)."""
         stats = self.stats
         try:
             batch = decode_batch(payload)
@@ -322,7 +324,8 @@ class NodeSubscriber:
         stats.served_since_event = 0
         stats.waiting_since = None
         self._silent_logged = False
-        stats.last_lag_s = max(0.0, now - batch.ts)
+        if live:
+            stats.last_lag_s = max(0.0, now - batch.ts)
         if batch.unknown:
             stats.dropped["unknown_event"] += batch.unknown
         index = self._index
@@ -387,7 +390,7 @@ class NodeSubscriber:
                 if until is not None and seq >= until:
                     continue  # the live stream delivers these
                 if self._expected is None or seq >= self._expected:
-                    self._apply(seq, frames[-1])
+                    self._apply(seq, frames[-1], live=False)
         finally:
             self._replaying = False
             dealer.close(linger=0)
