@@ -21,6 +21,7 @@ from routing.cache.kv_events.subscriber import (
 from routing.cache.kv_relay import KVRelay
 from routing.contract import KVEventsSpec
 from simulator.kv_events import BlockStored, KVEventsConfig, Publisher
+from simulator.tcp_delay import TcpDelayProxy
 from tests.routing.support import wait_for
 
 NODE_ID = 1
@@ -205,3 +206,48 @@ def test_only_requests_that_must_store_a_block_count_toward_silence() -> None:
     index.set_block_sizes({NODE_ID + 1: 32})
     index.note_served(NODE_ID + 1, 100)  # a node with no subscriber has no events to wait for
     assert noted == [NODE_ID, NODE_ID]
+
+
+async def test_a_connect_out_node_that_reconnects_to_the_relay_is_replayed_whole() -> None:
+    # The same vLLM process loses its connection to the relay for a moment (a network blip; ZMQ
+    # reconnects on its own): the relay says it went away, so the gateway forgets its blocks, but
+    # the process and its cache live on, its sequence continuing. What it held before is in its
+    # replay buffer (vLLM keeps the last buffer_steps batches, whatever the connection did).
+    port = free_port()
+    relay = KVRelay(f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:0")
+    relay.start()
+    link = TcpDelayProxy("127.0.0.1", port, rtt_ms=0)  # the network between vLLM and the relay
+    link_port = await link.start()
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"tcp://127.0.0.1:{link_port}", replay_endpoint="tcp://*:0"
+    )
+    publisher = Publisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(relay.publish_endpoint, publisher.replay_endpoint)})
+        await wait_for(lambda: relay.stats.publishers_connected == 1 and events.mode(NODE_ID) == "precise")
+        publisher.publish([stored(1)])
+        publisher.publish([stored(2, parent=1)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == 2)  # live, or replayed on a gap
+        subscriber = events.subscribers[NODE_ID]
+
+        for task in list(link._tasks):  # the connection drops; vLLM's PUB connects again
+            task.cancel()
+        await wait_for(lambda: subscriber.stats.publisher_gone_at is not None)
+        assert events.index.blocks(NODE_ID) == 0 and events.mode(NODE_ID) == "approximate"
+        await wait_for(lambda: relay.stats.publishers_connected == 2)
+        for number in range(3, 53):  # the slow joiner: sent until one arrives
+            publisher.publish([stored(number, parent=number - 1)])
+            try:
+                await wait_for(lambda: not subscriber._publisher_gone, 0.2)
+                break
+            except AssertionError:
+                continue
+        await wait_for(lambda: not subscriber._replaying and events.mode(NODE_ID) == "precise")
+        assert events.index.blocks(NODE_ID) == number  # blocks 1..number: none forgotten
+    finally:
+        await events.close()
+        await publisher.stop()
+        await link.close()
+        await relay.close()

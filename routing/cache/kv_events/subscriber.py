@@ -17,7 +17,7 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
 
 Sequence rules: a disconnection empties the node (its process may be gone), and so does the
 relay's ``PUBLISHER_GONE_SEQ`` (the node's vLLM disconnected from the relay; approximate until it
-publishes again); every (re)connection empties it and replays from 0 (a reconnect may be a
+publishes again, and then replayed from 0: the same process may be back, its cache intact); every (re)connection empties it and replays from 0 (a reconnect may be a
 restarted vLLM). A live sequence number not above the previous live one means the publisher
 restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
 emptied at once and the new process's earlier batches replayed from 0. Through a relay (the node
@@ -266,6 +266,11 @@ class NodeSubscriber:
         self._publisher_gone = True
         self._reset(count=False)
         self._last_live_seq = None
+        if self.source.replay_endpoint:
+            # Whoever publishes next has its earlier batches in its replay buffer: a new process
+            # from 0, or the same one back from a dropped connection, its cache intact and its
+            # sequence continuing. Its first batch replays them (a gap from 0).
+            self._expected = 0
 
     def _on_restart(self, seq: int) -> None:
         self.stats.restarts += 1
