@@ -167,7 +167,7 @@ def promote(
     like a republish, so unpublished edits of the row are neither lost nor published.
     """
     with transaction.atomic():
-        experiment = _lock_running(experiment)
+        experiment = lock_running(experiment)
         who = author_name or user.get_username()
         _finish(experiment, ExperimentStatusChoices.PROMOTED, who, note or "promoted")
         experiment.save()  # no longer running: the version below is compiled without it
@@ -238,7 +238,7 @@ def _end(
     author_name: str | None = None,
 ) -> PolicyExperiment:
     with transaction.atomic():
-        experiment = _lock_running(experiment)
+        experiment = lock_running(experiment)
         _finish(experiment, status, author_name or user.get_username(), note)
         experiment.save()
         # Compiled without it now (it is no longer running): the gateways drop it.
@@ -256,7 +256,11 @@ def _end(
     return experiment
 
 
-def _lock_running(experiment: PolicyExperiment) -> PolicyExperiment:
+def lock_running(experiment: PolicyExperiment) -> PolicyExperiment:
+    """The experiment re-read under its row lock; ``ConflictError`` when it is no longer running.
+
+    Every step that ends one takes this lock before the publish lock (``publishing.lock_publishes``).
+    """
     # Lock the experiment's row only: PostgreSQL refuses FOR UPDATE on the nullable side of the
     # outer join that select_related makes for ``source_version`` (a draft has none).
     locked = (

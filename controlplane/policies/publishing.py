@@ -225,8 +225,12 @@ def publish(
     raise ConcurrentWriteError("Too many concurrent publishes; nothing was published. Try again.")
 
 
-def _lock_publishes() -> None:
-    """Wait for any other publish to commit or roll back (held until this transaction ends)."""
+def lock_publishes() -> None:
+    """Wait for any other publish to commit or roll back (held until this transaction ends).
+
+    A publish locks the policies' rows after this (their active flag): a caller that also locks a
+    policy row takes this first, or it could deadlock with a publish.
+    """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_PUBLISH_LOCK_KEY])
@@ -243,7 +247,7 @@ def _publish_once(
     system_author: str = SYSTEM_AUTHOR,
 ) -> PublishResult:
     with transaction.atomic():
-        _lock_publishes()
+        lock_publishes()
         content = compile_policy(policy) if spec is None else compile_spec(spec)
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:

@@ -35,13 +35,15 @@ from datetime import UTC, datetime
 
 import msgspec
 from django.conf import settings
+from django.db import transaction
 
 from controlplane import audit
+from controlplane.api import ConflictError
 from controlplane.connections import redis_client, redis_keys
 from controlplane.histogram import histogram_quantile_ms
 from controlplane.policies import experiment_figures, experiments, publishing, tuner_math
 from controlplane.policies.choices import ExperimentKindChoices, ExperimentStatusChoices
-from controlplane.policies.models import PolicyExperiment, RoutingPolicy, TuningWindow
+from controlplane.policies.models import PolicyExperiment, PolicyVersion, RoutingPolicy, TuningWindow
 from controlplane.policies.tuner_math import Bounds, TunerState, Weights
 from routing.contract import GorgoParams, PolicySnapshot
 
@@ -109,20 +111,43 @@ def tune_policy(policy: RoutingPolicy, now_s: float, rng: random.Random | None =
     incumbent_p95 = histogram_quantile_ms(live_histogram, 0.95) or math.inf
     trial_p95 = histogram_quantile_ms(trial_histogram, 0.95) or math.inf
     result = tuner_math.judge(state, test, rng, BOUNDS, live_p95_ms=incumbent_p95, trial_p95_ms=trial_p95)
-    system = audit.system_user()
     version = None
     if result.outcome == "accepted":
-        if publishing.compile_policy(policy).checksum != live.checksum:
-            log.info("tuner: %s has unpublished edits; not promoting over them", policy.name)
+        version = _promote(policy, canary, live, trial, result.note)
+        if version is None:
             return None
-        policy.params = {**policy.params, "w_rtt": trial[0], "w_queue": trial[1]}
-        policy.save(update_fields=["params", "last_updated"])
-        version = experiments.promote(
-            canary, user=system, note=result.note, author_name=TUNER_AUTHOR
-        ).ended_version
     else:
-        experiments.stop(canary, user=system, note=result.note, author_name=TUNER_AUTHOR)
+        experiments.stop(canary, user=audit.system_user(), note=result.note, author_name=TUNER_AUTHOR)
     return _record(policy, canary, trial, trial_p95, trial_sums.count, result, version, now_s)
+
+
+def _promote(
+    policy: RoutingPolicy, canary: PolicyExperiment, live: PolicyVersion, trial: Weights, note: str
+) -> PolicyVersion | None:
+    """Write the trial's weights into the policy and promote the canary, in one transaction.
+
+    The version promoted, or None when the canary ended meanwhile or the policy has edits nobody
+    published (promoting would publish them too). The policy is re-read under its row lock: this
+    tick's copy may predate an operator's edit, which saving it would overwrite; and a promote that
+    fails (Redis down) takes the weights back with it. The locks are taken in the order of every
+    other step (the experiment's row, the publish lock, the policy's row), so none can deadlock.
+    """
+    try:
+        with transaction.atomic():
+            canary = experiments.lock_running(canary)
+            publishing.lock_publishes()
+            locked = RoutingPolicy.objects.select_for_update().get(pk=policy.pk)
+            if publishing.compile_policy(locked).checksum != live.checksum:
+                log.info("tuner: %s has unpublished edits; not promoting over them", policy.name)
+                return None
+            locked.params = {**locked.params, "w_rtt": trial[0], "w_queue": trial[1]}
+            locked.save(update_fields=["params", "last_updated"])
+            return experiments.promote(
+                canary, user=audit.system_user(), note=note, author_name=TUNER_AUTHOR
+            ).ended_version
+    except ConflictError:
+        log.info("tuner: canary #%d ended meanwhile; not promoting it", canary.pk)
+        return None
 
 
 def _tuner_canary(policy: RoutingPolicy, since) -> PolicyExperiment | None:

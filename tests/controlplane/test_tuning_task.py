@@ -275,3 +275,51 @@ def test_the_api_switches_tuning_on(operator_client, fleet) -> None:
     assert response.status_code == 201, response.json()
     assert response.json()["auto_tune"] is True
     assert RoutingPolicy.objects.get(name="g").auto_tune
+
+
+def test_it_changes_no_params_when_its_promotion_cannot_be_published(tuned, monkeypatch) -> None:
+    # Redis down at the promote: the publish rolls back (nothing live changes). The trial's weights
+    # used to be saved into the policy first, outside that transaction: they stayed behind as an
+    # unpublished edit nobody made, which the next publish would ship and which kept the tuner
+    # from ever starting another trial ("unpublished edits").
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 600.0)
+    log_requests(canary, "canary", 200.0)
+
+    def unreachable(snapshot):
+        raise publishing.PublishError("Redis is down")
+
+    monkeypatch.setattr(publishing, "write_snapshot", unreachable)
+    with pytest.raises(publishing.PublishError):
+        tick(tuned)
+    tuned.refresh_from_db()
+    assert (tuned.params["w_rtt"], tuned.params["w_queue"]) == (4.0, 0.25)
+    assert running_canary() == canary and not TuningWindow.objects.exists()
+
+
+def test_it_keeps_an_operators_edit_made_while_it_judged(tuned, operator_client, monkeypatch) -> None:
+    # An operator edits the policy while a tick is judging the canary. The tick compared and then
+    # saved the policy as it had loaded it before the edit: the operator's change was silently
+    # overwritten (and the trial promoted over an edit it never saw).
+    tick(tuned)
+    canary = running_canary()
+    log_requests(canary, "live", 600.0)
+    log_requests(canary, "canary", 200.0)
+    judged = tuning.arm_figures
+
+    def operator_edits(experiment):
+        figures = judged(experiment)
+        response = operator_client.patch(
+            f"/api/v1/policies/{tuned.pk}/",
+            {"params": {"w_rtt": 4.0, "w_queue": 0.25, "default_rtt_ms": 250.0}},
+            format="json",
+        )
+        assert response.status_code == 200, response.json()
+        return figures
+
+    monkeypatch.setattr(tuning, "arm_figures", operator_edits)
+    assert tick(tuned) is None  # unpublished edits now: it promotes nothing over them
+    tuned.refresh_from_db()
+    assert tuned.params == {"w_rtt": 4.0, "w_queue": 0.25, "default_rtt_ms": 250.0}
+    assert live_weights() == (4.0, 0.25) and running_canary() == canary
