@@ -337,11 +337,15 @@ def republish_live(note: str) -> PublishResult | None:
     edit nobody published (or whose publish was refused while Redis was down) stays unpublished.
     Returns None when nothing was ever published.
     """
-    live = live_version()
-    if live is None:
-        return None
-    spec = live.compiled().policy
-    return publish(live.policy, note=note, spec=spec)
+    with transaction.atomic():
+        # What is live is read under the publish lock: read before it, a publish of another policy
+        # committing meanwhile was published over with the policy it had replaced.
+        lock_publishes()
+        live = live_version()
+        if live is None:
+            return None
+        spec = live.compiled().policy
+        return publish(live.policy, note=note, spec=spec)
 
 
 def republish_active(reason: str) -> PublishResult | None:
