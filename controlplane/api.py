@@ -310,6 +310,24 @@ class BaseModelViewSet(ExactQueryParamsMixin, viewsets.ModelViewSet):
     refuses, with 409 and the reason, to delete what routing still uses, and refuses undocumented
     query parameters."""
 
+    def update(self, request, *args, **kwargs):
+        # An edit (PUT, PATCH) reads, validates and saves its object under the row's lock. It saves
+        # the whole row as it read it: read before the lock, a change another request committed
+        # meanwhile (a node drained, a key revoked or rotated) was written back to what it had been.
+        with transaction.atomic():
+            self._lock_object()
+            return super().update(request, *args, **kwargs)
+
+    def _lock_object(self) -> None:
+        """Lock the row the URL names until the transaction ends (SQLite: the transaction's
+        write lock is already held); nothing when the URL names none (``get_object`` answers 404)."""
+        lookup = self.kwargs.get(self.lookup_url_kwarg or self.lookup_field)
+        try:
+            rows = self.get_queryset().model.objects.select_for_update().filter(**{self.lookup_field: lookup})
+            list(rows.values_list("pk", flat=True))
+        except (TypeError, ValueError, DjangoValidationError):
+            pass
+
     def perform_create(self, serializer) -> None:
         super().perform_create(serializer)
         audit.record(self.request.user, serializer.instance, "Created through the API.", added=True)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
 import redis
+from django.db import connection
 from rest_framework.test import APIClient
 
 from controlplane.fleet.models import LLMModel, Node, Region
@@ -69,3 +74,56 @@ def live_snapshot(client: redis.Redis, keys: RedisKeys) -> PolicySnapshot | None
     """The snapshot the gateways would load, decoded with the contract's structs."""
     raw = client.get(keys.policy_current)
     return None if raw is None else contract.decode(raw, PolicySnapshot)
+
+
+def edit_racing(
+    monkeypatch: pytest.MonkeyPatch,
+    serializer_class: type,
+    edit: Callable[[], Any],
+    meanwhile: Callable[[], Any],
+    wait_s: float = 3.0,
+) -> tuple[Any, Any]:
+    """Run ``edit`` (a PUT or PATCH) and, once it has loaded and validated its object, ``meanwhile``
+    in another thread (another database connection); the edit goes on when ``meanwhile`` is done,
+    or after ``wait_s`` (``meanwhile`` may have to wait for the edit's lock). Returns both answers.
+
+    PostgreSQL only: SQLite's in-memory test database refuses a second writer instead of waiting.
+    """
+    if connection.vendor != "postgresql":
+        pytest.skip("two connections writing at once: PostgreSQL")
+    loaded, done = threading.Event(), threading.Event()
+    editor: list[int] = []
+    validate = serializer_class.validate
+
+    def validate_then_wait(self, data):
+        data = validate(self, data)
+        if threading.get_ident() in editor and not loaded.is_set():
+            loaded.set()
+            done.wait(timeout=wait_s)
+        return data
+
+    monkeypatch.setattr(serializer_class, "validate", validate_then_wait)
+    answers: dict[str, Any] = {}
+
+    def run(name: str, call: Callable[[], Any], before: threading.Event | None, after: threading.Event):
+        if before is None:
+            editor.append(threading.get_ident())
+        else:
+            before.wait(timeout=10)
+        try:
+            answers[name] = call()
+        except BaseException as exc:  # reported by the caller's assertions
+            answers[name] = exc
+        finally:
+            after.set()
+            connection.close()
+
+    threads = [
+        threading.Thread(target=run, args=("edit", edit, None, loaded)),
+        threading.Thread(target=run, args=("meanwhile", meanwhile, loaded, done)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return answers["edit"], answers["meanwhile"]

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import pytest
+
+from controlplane.fleet.api.serializers import NodeSerializer
 from controlplane.fleet.models import Node
+from controlplane.policies.models import RoutingPolicy
 from tests.controlplane.crud import CRUDTests
-from tests.controlplane.support import LLAMA
+from tests.controlplane.support import LLAMA, client_for, edit_racing, live_snapshot
 
 
 class TestNodeAPI(CRUDTests):
@@ -67,3 +71,26 @@ class TestNodeActions:
         assert anon_client.post(f"/api/v1/nodes/{node.pk}/drain/").status_code == 401
         node.refresh_from_db()
         assert node.state == "active"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_never_puts_back_in_rotation_a_node_drained_meanwhile(
+    operator_client, operator, fleet, monkeypatch, redis_conn, cp_keys
+) -> None:
+    """One operator raises a node's GPU count while another drains it. The edit saved the whole
+    row as it had loaded it, state ``active`` included: the drain was undone without a word and
+    the republish sent the node traffic again. An edit now locks the row before it reads it."""
+    policy = RoutingPolicy.objects.create(name="default", algorithm="gorgo")
+    assert operator_client.post(f"/api/v1/policies/{policy.pk}/publish/").status_code == 201
+    node = fleet.nodes["eu-central-1"]
+    edited, drained = edit_racing(
+        monkeypatch,
+        NodeSerializer,
+        lambda: operator_client.patch(f"/api/v1/nodes/{node.pk}/", {"gpu_count": 4}, format="json"),
+        lambda: client_for(operator.token).post(f"/api/v1/nodes/{node.pk}/drain/"),
+    )
+    assert (edited.status_code, drained.status_code) == (200, 200), (edited.content, drained.content)
+    node.refresh_from_db()
+    assert (node.gpu_count, node.state) == (4, "draining")
+    live = next(n for n in live_snapshot(redis_conn, cp_keys).nodes if n.name == node.name)
+    assert (live.gpu_count, live.state) == (4, "draining")

@@ -7,8 +7,10 @@ import hashlib
 import pytest
 from django.db import transaction
 
+from controlplane.keys.api.serializers import ClientKeySerializer
 from controlplane.keys.models import ClientKey
 from routing.contract import ClientKeySet, decode
+from tests.controlplane.support import client_for, edit_racing
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit publishing runs as in production
 
@@ -106,3 +108,28 @@ def test_a_rolled_back_key_change_does_not_silence_later_ones(fleet, redis_conn,
     kept.save()
 
     assert [spec.id for spec in key_set(redis_conn, cp_keys).keys] == [kept.key_id]
+
+
+@pytest.mark.parametrize("action", ["revoke", "rotate"])
+def test_an_edit_never_undoes_a_revoke_or_rotate_made_meanwhile(
+    operator_client, operator, fleet, monkeypatch, redis_conn, cp_keys, action
+):
+    """An operator changes a key's limit while another revokes it (or rotates its leaked secret).
+    The edit saved the whole row as it had loaded it: the key was live again (or the old secret
+    worked again and the new one did not), in the database and on every gateway."""
+    created = create(operator_client).json()
+    edited, acted = edit_racing(
+        monkeypatch,
+        ClientKeySerializer,
+        lambda: operator_client.patch(f"{URL}{created['id']}/", {"requests_per_min": 5}, format="json"),
+        lambda: client_for(operator.token).post(f"{URL}{created['id']}/{action}/"),
+    )
+    assert (edited.status_code, acted.status_code) == (200, 200), (edited.content, acted.content)
+    key = ClientKey.objects.get(pk=created["id"])
+    assert key.requests_per_min == 5
+    if action == "revoke":
+        assert key.revoked and key.revoked_at is not None
+    else:
+        assert key.secret_sha256 == hashlib.sha256(acted.json()["secret"].encode()).hexdigest()
+    (live,) = key_set(redis_conn, cp_keys).keys
+    assert (live.revoked, live.secret_sha256, live.requests_per_min) == (key.revoked, key.secret_sha256, 5)
