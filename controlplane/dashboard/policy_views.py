@@ -22,6 +22,7 @@ from django.views import View
 from django.views.generic import CreateView, DetailView, ListView, UpdateView
 
 from controlplane import audit
+from controlplane.api import ConflictError
 from controlplane.dashboard.forms import PolicyForm, PublishForm, RollbackForm
 from controlplane.dashboard.signals import experiment_message
 from controlplane.dashboard.views import PageChrome
@@ -176,7 +177,12 @@ class PublishView(LoginRequiredMixin, PermissionRequiredMixin, View):
         return _publish_and_report(
             request,
             back,
-            lambda: publishing.publish(policy, author=request.user, note=form.cleaned_data["note"]),
+            lambda: publishing.publish(
+                policy,
+                author=request.user,
+                note=form.cleaned_data["note"],
+                reviewed_checksum=form.cleaned_data["checksum"],
+            ),
         )
 
 
@@ -210,6 +216,8 @@ def _publish_and_report(request: HttpRequest, back: HttpResponse, run) -> HttpRe
         messages.error(request, f"Not published: {text}")
     except publishing.PublishError as exc:
         messages.error(request, f"Not published, nothing changed: {exc.public_detail}")
+    except ConflictError as exc:  # changed since the review (while it waited), or a lost race
+        messages.warning(request, f"Not published, nothing changed: {exc.detail}")
     else:
         if result.created:
             messages.success(

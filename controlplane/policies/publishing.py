@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from controlplane.api import ConcurrentWriteError, UnavailableError
+from controlplane.api import ConcurrentWriteError, ConflictError, UnavailableError
 from controlplane.connections import redis_client, redis_keys
 from controlplane.fleet.models import LLMModel, Node, Region
 from controlplane.policies.choices import ExperimentStatusChoices
@@ -200,11 +200,13 @@ def publish(
     rolled_back_from: PolicyVersion | None = None,
     spec: PolicySpec | None = None,
     system_author: str = SYSTEM_AUTHOR,
+    reviewed_checksum: str | None = None,
 ) -> PublishResult:
     """Compile and publish ``policy``; make it the active one.
 
     ``spec`` publishes those settings of the policy instead of its database row (``republish_live``).
     ``system_author`` names the version's author when no user publishes (the online tuner).
+    ``reviewed_checksum``: publish only that compiled content (``ConflictError``, 409, otherwise).
     Publishing what is already live creates no version (but heals Redis if it lost the snapshot).
     Raises ``ValidationError`` (invalid policy) or ``PublishError`` (Redis unreachable); in both
     cases nothing changes.
@@ -218,6 +220,7 @@ def publish(
                 rolled_back_from=rolled_back_from,
                 spec=spec,
                 system_author=system_author,
+                reviewed_checksum=reviewed_checksum,
             )
         except IntegrityError:
             # Another publisher took the same version number first: compile again on top of it.
@@ -245,10 +248,15 @@ def _publish_once(
     rolled_back_from: PolicyVersion | None,
     spec: PolicySpec | None,
     system_author: str = SYSTEM_AUTHOR,
+    reviewed_checksum: str | None = None,
 ) -> PublishResult:
     with transaction.atomic():
         lock_publishes()
         content = compile_policy(policy) if spec is None else compile_spec(spec)
+        # Compared with what this publish compiled under the lock: compared before it, a fleet
+        # change committed while it waited went live unreviewed.
+        if reviewed_checksum and content.checksum != reviewed_checksum:
+            raise ConflictError("The policy or the fleet changed since that checksum; review the diff again.")
         live = live_version()
         if live is not None and live.checksum == content.checksum and live.policy_id == policy.pk:
             return PublishResult(version=live, created=False, restored=_ensure_live_in_redis(live))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.connections import redis_client
+from controlplane.fleet.models import Node
+from controlplane.policies import publishing
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from routing import contract
 from routing.contract import GorgoParams, PolicyAnnouncement
@@ -104,6 +106,27 @@ def test_it_publishes_only_what_was_reviewed(operator_client, policy, fleet, red
     response = publish(operator_client, policy, checksum=reviewed)
     assert response.status_code == 201
     assert response.json()["checksum"] == reviewed
+
+
+def test_it_publishes_only_what_was_reviewed_even_when_it_waited_for_another_publish(
+    operator_client, policy, fleet, redis_conn, cp_keys, monkeypatch
+) -> None:
+    # The reviewed checksum was compared before the publish took its lock, and the snapshot was
+    # compiled again once it had it: a node drained while it waited (another publish held the lock)
+    # went live in a version nobody reviewed, answered 201 with a checksum other than the one sent.
+    reviewed = operator_client.get(f"/api/v1/policies/{policy.pk}/diff/").json()["checksum"]
+    waited = publishing.lock_publishes
+
+    def drained_while_waiting() -> None:
+        Node.objects.filter(pk=fleet.nodes["us-east-1"].pk).update(state="draining")
+        waited()
+
+    monkeypatch.setattr(publishing, "lock_publishes", drained_while_waiting)
+    response = publish(operator_client, policy, checksum=reviewed)
+    assert response.status_code == 409, response.content
+    assert "review the diff again" in response.json()["detail"]
+    assert not PolicyVersion.objects.exists()
+    assert redis_conn.get(cp_keys.policy_current) is None
 
 
 def test_it_heals_redis_when_it_lost_the_live_snapshot(operator_client, policy, redis_conn, cp_keys) -> None:

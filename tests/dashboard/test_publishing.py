@@ -7,6 +7,8 @@ import redis
 from django.test import Client
 
 from controlplane.connections import redis_client
+from controlplane.fleet.models import Node
+from controlplane.policies import publishing
 from controlplane.policies.models import PolicyVersion, RoutingPolicy
 from controlplane.policies.publishing import compile_policy, publish
 from routing import contract
@@ -53,6 +55,29 @@ def test_it_publishes_the_reviewed_snapshot_with_its_author(
     snapshot = live_snapshot(redis_conn, cp_keys)
     assert snapshot is not None and (snapshot.version, snapshot.checksum) == (1, checksum)
     assert 'id="publish-button" disabled' in response.content.decode()  # now live: nothing to publish
+
+
+@pytest.mark.django_db
+def test_it_refuses_a_fleet_change_that_lands_while_the_publish_waits(
+    operator_client: Client, policy: RoutingPolicy, redis_conn: redis.Redis, cp_keys: RedisKeys, monkeypatch
+) -> None:
+    # Compared before the publish took its lock, the checksum let a node drained meanwhile go live
+    # in a version nobody reviewed ("Published version 1").
+    reviewed = compile_policy(policy).checksum
+    waited = publishing.lock_publishes
+
+    def drained_while_waiting() -> None:
+        Node.objects.filter(pk=Node.objects.order_by("pk").first().pk).update(state="draining")
+        waited()
+
+    monkeypatch.setattr(publishing, "lock_publishes", drained_while_waiting)
+    response = operator_client.post(f"/policies/{policy.pk}/publish/", {"checksum": reviewed}, follow=True)
+    assert messages_of(response) == [
+        "Not published, nothing changed: The policy or the fleet changed since that checksum; "
+        "review the diff again."
+    ]
+    assert not PolicyVersion.objects.exists()
+    assert live_snapshot(redis_conn, cp_keys) is None
 
 
 @pytest.mark.django_db

@@ -14,7 +14,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.api import BaseModelViewSet, BaseReadOnlyViewSet, ConflictError
+from controlplane.api import BaseModelViewSet, BaseReadOnlyViewSet
 from controlplane.permissions import required_perms
 from controlplane.policies import experiments, publishing, review, tasks, whatif
 from controlplane.policies.api.serializers import (
@@ -67,10 +67,12 @@ class RoutingPolicyViewSet(BaseModelViewSet):
         policy = self.get_object()
         body = PublishRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        reviewed = body.validated_data.get("checksum")
-        if reviewed and publishing.compile_policy(policy).checksum != reviewed:
-            raise ConflictError("The policy or the fleet changed since that checksum; review the diff again.")
-        result = publishing.publish(policy, author=request.user, note=body.validated_data["note"])
+        result = publishing.publish(
+            policy,
+            author=request.user,
+            note=body.validated_data["note"],
+            reviewed_checksum=body.validated_data.get("checksum"),
+        )
         return self._published(result)
 
     @extend_schema(
