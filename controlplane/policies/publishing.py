@@ -315,6 +315,9 @@ def rollback(
     """Restore the policy settings of an earlier version and publish them with the current fleet."""
     spec = version.compiled().policy
     with transaction.atomic():
+        # The publish lock before the policy's row, as a publish takes them: the other way round, a
+        # publish of another policy (holding the lock, clearing this one's active flag) deadlocked.
+        lock_publishes()
         policy = RoutingPolicy.objects.select_for_update().get(pk=version.policy_id)
         policy.algorithm = spec.algorithm
         policy.params = msgspec.to_builtins(spec.params)
