@@ -20,6 +20,7 @@ Every limit is the server's own, answered like an HTTP server should, closing th
 | a transfer coding other than ``chunked`` (e.g. ``gzip, chunked``) | | 501 |
 | any other framing error (CL + TE, a bad chunk size, NUL in a header, an HTTP/2 preface) | | 400 |
 | a client that reads none of its answer (its socket buffers full) | ``GORGO_CLIENT_SEND_TIMEOUT_S`` | connection cut; the request is cancelled (499) |
+| ... nor of the answers to its pipelined requests | ``GORGO_CLIENT_SEND_TIMEOUT_S`` | none is served or read meanwhile; then the connection is cut |
 
 Every refusal is OpenAI-shaped JSON (``routing.errors``). A response sent before its request's
 body was read whole (a 413, a 401 to a stranger) ends the connection: the rest of the body is read
@@ -36,7 +37,9 @@ Request smuggling: httptools (llhttp) refuses a request with both ``Content-Leng
 coding is refused here (501, RFC 9112 6.1).
 
 HTTP/1.1 as clients need it: keep-alive (``GORGO_CLIENT_KEEPALIVE_S``), pipelining (answered in
-order; reading pauses while a request waits its turn), ``Expect: 100-continue`` (the interim answer
+order; reading pauses while a request waits its turn, and while the client's socket buffers are
+full after an answer, so one read of requests and one answer past the transport's high-water mark
+are the most a connection holds), ``Expect: 100-continue`` (the interim answer
 when the handler first asks for the body), chunked request bodies, HEAD, streaming answers with
 flow control (a write waits while the client's socket buffers are full), and a client that hangs
 up (or half-closes: TCP cannot tell the two apart) mid-request: the handler's ``on_disconnect``
@@ -409,6 +412,8 @@ class ClientConnection(asyncio.Protocol):
         self._lingering = -1  # bytes dropped since the answer, while lingering; -1: not lingering
         self._read_paused = False
         self.write_paused = False
+        # An answer went out while the client's buffers were full: no next request until it reads.
+        self._held = False
         self._drain_waiter: asyncio.Future[None] | None = None
         # The request being parsed, the one being answered and those waiting their turn.
         self._url = b""
@@ -541,6 +546,10 @@ class ClientConnection(asyncio.Protocol):
         waiter, self._drain_waiter = self._drain_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self._held and not self.transport.is_closing():
+            self._held = False  # the client reads again: its next request's turn
+            self._disarm()
+            self._serve_next()
 
     async def drain(self, request: ClientRequest) -> None:
         """Wait until the client reads again; past the send timeout, cut the connection (the
@@ -644,7 +653,7 @@ class ClientConnection(asyncio.Protocol):
         self._parsing = request
         self._pending_s = self._body_timeout_s
         self._pending = self._body_timed_out
-        if self._current is None:
+        if self._current is None and not self._held:
             self._begin(request)
         else:
             self.pause_reading()  # a pipelined request waits its turn
@@ -747,10 +756,28 @@ class ClientConnection(asyncio.Protocol):
         if not request.keep_alive or self._closing:
             transport.close()
             return
-        self.resume_reading()
-        if self._pipeline:
-            self._begin(self._pipeline.popleft())
-        elif self._parsing is None and not self._in_head:
+        if self.write_paused:
+            # The client reads none of its answers: serve (and read) nothing more until it does,
+            # or a client pipelining cheap requests piles their answers up here without bound.
+            self._held = True
+            self.pause_reading()
+            self._arm(self._send_timeout_s, self._held_timed_out)
+            return
+        self._serve_next()
+
+    def _serve_next(self) -> None:
+        pipeline = self._pipeline
+        if pipeline:
+            self._begin(pipeline.popleft())
+            if pipeline:
+                # Reading stays paused while others wait their turn: the parser is past them
+                # already, and each read would queue more (a client sending requests without
+                # end held 700,000 of them after 5 s).
+                return
+        if self._read_paused:
+            self.resume_reading()
+            self._restart_deadline()
+        if self._current is None and self._parsing is None and not self._in_head:
             # No byte of a next request yet (a begun head keeps its own, shorter timeout).
             self._arm(self._keepalive_s, self._keepalive_ended)
             self._stats.idle[self] = None  # idle from now: newest last
@@ -792,6 +819,20 @@ class ClientConnection(asyncio.Protocol):
     def _keepalive_ended(self) -> None:
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _restart_deadline(self) -> None:
+        """Reading resumes after the server held it: what is being parsed gets its deadline from
+        now (the client could not send it while nothing was read)."""
+        if self._parsing is not None:
+            self._arm(self._body_timeout_s, self._body_timed_out)
+        elif self._in_head:
+            self._arm(self._header_timeout_s, self._head_timed_out)
+
+    def _held_timed_out(self) -> None:
+        if self.transport.is_closing():
+            return
+        self._stats.send_timeouts += 1
+        self.transport.abort()  # its answers cannot leave: what is buffered for it goes too
 
     def _head_timed_out(self) -> None:
         if self.transport.is_closing():
