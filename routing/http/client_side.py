@@ -39,7 +39,8 @@ coding is refused here (501, RFC 9112 6.1).
 HTTP/1.1 as clients need it: keep-alive (``GORGO_CLIENT_KEEPALIVE_S``), pipelining (answered in
 order; reading pauses while a request waits its turn, and while the client's socket buffers are
 full after an answer, so one read of requests and one answer past the transport's high-water mark
-are the most a connection holds), ``Expect: 100-continue`` (the interim answer
+are the most a connection holds; the head or body deadline of a request the server holds unread
+starts when reading resumes), ``Expect: 100-continue`` (the interim answer
 when the handler first asks for the body), chunked request bodies, HEAD, streaming answers with
 flow control (a write waits while the client's socket buffers are full), and a client that hangs
 up (or half-closes: TCP cannot tell the two apart) mid-request: the handler's ``on_disconnect``
@@ -595,7 +596,12 @@ class ClientConnection(asyncio.Protocol):
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._arm(self._pending_s, pending)
+            if self._pipeline:
+                # Held: reading pauses while a request waits its turn, so the client cannot send
+                # the rest; its deadline starts when reading resumes (``_restart_deadline``).
+                self._on_deadline = None
+            else:
+                self._arm(self._pending_s, pending)
 
     # ---- parser callbacks --------------------------------------------------------------------
 

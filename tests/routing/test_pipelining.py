@@ -20,14 +20,20 @@ from tests.routing.test_connection_task import HEAD, Server, read_answers
 class TunedServer(Server):
     """The recording server of test_connection_task with its own client-side settings."""
 
-    def __init__(self, pad_bytes: int = 0, **settings: float) -> None:
+    def __init__(self, pad_bytes: int = 0, first_takes_s: float = 0.0, **settings: float) -> None:
         super().__init__()
         self.settings = settings
         self.pad = b" " * pad_bytes  # added to each answer's body
+        self.first_takes_s = first_takes_s  # how long the first answer takes (a long stream)
 
     async def handle(self, request: ClientRequest) -> None:
         self.tasks.append(None)
-        request.respond(200, [(b"content-type", b"text/plain")], b"ok %d" % len(self.tasks) + self.pad)
+        count = len(self.tasks)
+        if count == 1 and self.first_takes_s:
+            await asyncio.sleep(self.first_takes_s)
+        received = await request.body(None, 1 << 20)
+        answer = b"ok %d %d" % (count, len(received))
+        request.respond(200, [(b"content-type", b"text/plain")], answer + self.pad)
 
     async def start(self) -> int:
         config = GatewayConfig(region="us-east", gateway_id="gw", **self.settings)
@@ -103,8 +109,8 @@ async def test_held_requests_are_answered_in_order_once_the_client_reads() -> No
         reader, writer = await asyncio.open_connection(sock=sock)
         answers = await read_answers(reader, count)
         assert [answer.rstrip() for answer in answers[:: count - 1]] == [
-            b"HTTP/1.1 200 OK ok 1",
-            b"HTTP/1.1 200 OK ok %d" % count,
+            b"HTTP/1.1 200 OK ok 1 0",
+            b"HTTP/1.1 200 OK ok %d 0" % count,
         ]
         writer.close()
     finally:
@@ -123,4 +129,44 @@ async def test_a_client_that_never_reads_its_answers_is_cut_at_the_send_timeout(
         assert server.stats.send_timeouts == 1
     finally:
         sock.close()
+        await server.stop()
+
+
+POST_HEAD = b"POST /x HTTP/1.1\r\nHost: gw\r\nContent-Length: %d\r\n\r\n"
+
+
+async def test_a_pipelined_body_held_back_by_the_server_gets_its_deadline_when_its_turn_comes() -> None:
+    """Before: the body deadline of a pipelined request ran while the server read nothing of it
+    (reading pauses while it waits its turn), so a long first answer (a stream) was cut when the
+    second request's body had not come: the server's own pause counted against the client."""
+    server = TunedServer(first_takes_s=1.0, client_body_timeout_s=0.3)
+    port = await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        payload = b"x" * 200_000
+        writer.write(HEAD + POST_HEAD % len(payload) + payload[:10])
+        await asyncio.sleep(0.1)  # the server has read the second head: it holds the rest unread
+        writer.write(payload[10:])
+        answers = await read_answers(reader, 2)
+        assert answers == [b"HTTP/1.1 200 OK ok 1 0", b"HTTP/1.1 200 OK ok 2 %d" % len(payload)]
+        assert server.stats.body_timeouts == 0
+    finally:
+        writer.close()
+        await server.stop()
+
+
+async def test_a_pipelined_head_held_back_by_the_server_gets_its_deadline_when_its_turn_comes() -> None:
+    """The same for a third request's head, begun in the read that held the second request."""
+    server = TunedServer(first_takes_s=1.0, client_header_timeout_s=0.3)
+    port = await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(HEAD + HEAD + HEAD[:10])
+        await asyncio.sleep(0.1)
+        writer.write(HEAD[10:])
+        answers = await read_answers(reader, 3)
+        assert answers == [b"HTTP/1.1 200 OK ok %d 0" % count for count in (1, 2, 3)]
+        assert server.stats.header_timeouts == 0
+    finally:
+        writer.close()
         await server.stop()
