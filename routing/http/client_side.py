@@ -12,6 +12,7 @@ Every limit is the server's own, answered like an HTTP server should, closing th
 | limit | setting | answer |
 |---|---|---|
 | request head bytes (request line + headers) | ``GORGO_CLIENT_MAX_HEADER_BYTES`` | 431 |
+| a chunked body's framing and trailer fields between two body bytes | ``GORGO_CLIENT_MAX_HEADER_BYTES`` | 431 |
 | header count | ``GORGO_CLIENT_MAX_HEADERS`` | 431 |
 | head not complete in time (also a new, silent connection) | ``GORGO_CLIENT_HEADER_TIMEOUT_S`` | 408 |
 | body not complete in time | ``GORGO_CLIENT_BODY_TIMEOUT_S`` | 408 |
@@ -34,7 +35,8 @@ and a connection with a request under way is never closed for another.
 
 Request smuggling: httptools (llhttp) refuses a request with both ``Content-Length`` and
 ``Transfer-Encoding`` and one with two ``Content-Length`` headers (400); an unknown transfer
-coding is refused here (501, RFC 9112 6.1).
+coding is refused here (501, RFC 9112 6.1). Trailer fields of a chunked body are dropped, never
+merged into the head (RFC 9110 6.5.1).
 
 HTTP/1.1 as clients need it: keep-alive (``GORGO_CLIENT_KEEPALIVE_S``), pipelining (answered in
 order; reading pauses while a request waits its turn, and while the client's socket buffers are
@@ -432,6 +434,10 @@ class ClientConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._in_head = True
         self._head_error: tuple[int, str] | None = None
+        # Bytes read within a request's body since its last body byte (chunk framing, trailer
+        # fields, which the parser holds whole until their line ends): bounded like the head.
+        # -1: the head or a body byte came in the read being parsed.
+        self._framing_bytes = 0
         # One lazy timer per connection: arming sets a deadline, and the timer handle is only
         # replaced when the new deadline is earlier than the one it will fire at.
         self._timer: asyncio.TimerHandle | None = None
@@ -593,6 +599,16 @@ class ClientConnection(asyncio.Protocol):
         if self._in_head and self._head_bytes > self._max_head_bytes and not self.transport.is_closing():
             self._refuse(431, f"The request head is larger than {self._max_head_bytes} bytes.")
             return
+        if self._parsing is not None:  # within a body
+            framing = self._framing_bytes
+            framing = self._framing_bytes = 0 if framing < 0 else framing + len(data)
+            if framing > self._max_head_bytes and not self.transport.is_closing():
+                self._refuse(
+                    431,
+                    "The request body's chunk framing or trailer fields are larger than "
+                    f"{self._max_head_bytes} bytes.",
+                )
+                return
         pending = self._pending
         if pending is not None:
             self._pending = None
@@ -623,6 +639,8 @@ class ClientConnection(asyncio.Protocol):
             raise _Refused
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a trailer field, after a chunked body: never merged into the head (RFC 9110 6.5.1)
         headers = self._headers
         if len(headers) >= self._max_headers:
             self._head_error = (431, "The request head has too many or too large header fields.")
@@ -657,6 +675,7 @@ class ClientConnection(asyncio.Protocol):
             self._expect_continue,
         )
         self._parsing = request
+        self._framing_bytes = -1
         self._pending_s = self._body_timeout_s
         self._pending = self._body_timed_out
         if self._current is None and not self._held:
@@ -666,6 +685,7 @@ class ClientConnection(asyncio.Protocol):
             self._pipeline.append(request)
 
     def on_body(self, body: bytes) -> None:
+        self._framing_bytes = -1
         request = self._parsing
         if request is not None and not request.response_complete:
             request._received(body)

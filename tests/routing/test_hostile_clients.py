@@ -84,6 +84,27 @@ class TestHostileClients:
             assert reply == b"" or reply.startswith(b"HTTP/1.1 431")
         assert rss_kib(pid) - before < 16 * 1024
 
+    def test_an_endless_trailer_field_is_refused_without_buffering_it(self, gateway):
+        """Before, the bytes after a chunked body's last chunk were counted by no limit: the
+        parser held an endless trailer field in memory until the body timeout, never refusing it."""
+        url, pid = gateway
+        before = rss_kib(pid)
+        sock = connect(url)
+        sent = 0
+        try:
+            sock.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Big: ")
+            chunk = b"a" * (1 << 20)
+            while sent < 64 << 20:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        reply = answer(sock)
+        sock.close()
+        assert sent < 16 << 20  # the gateway hung up long before 64 MB
+        assert reply == b"" or reply.startswith(b"HTTP/1.1 431")
+        assert rss_kib(pid) - before < 16 * 1024
+
     def test_too_many_headers_get_431(self, gateway):
         url, _ = gateway
         sock = connect(url)

@@ -329,6 +329,21 @@ class TestLimitsAndSmuggling:
         assert reply.startswith(b"HTTP/1.1 501"), reply[:100]
         assert upstream_seen(upstream)["seen"] == []
 
+    def test_trailer_fields_are_not_merged_into_the_head(self, fleet):
+        """RFC 9110 6.5.1: a trailer field is not a header field. Before, a chunked body's trailer
+        fields were appended to the request's headers and forwarded to the node as such."""
+        address, upstream = fleet
+        payload = body()
+        data = request(payload, framing=b"Transfer-Encoding: chunked") + chunked(payload)
+        data = data.removesuffix(b"\r\n") + b"X-Smuggled: trailer\r\n\r\n"
+        sock, reader = connect(address)
+        sock.sendall(data)
+        (answer,) = reader.read()
+        assert answer.status == 200, answer.body
+        sock.close()
+        (seen,) = upstream_seen(upstream)["seen"]
+        assert "x-smuggled" not in {name.lower() for name, _ in seen["headers"]}
+
     def test_too_many_header_fields_get_431(self, fleet):
         address, _ = fleet
         extra = [b"X-H%d: v" % index for index in range(60)]
