@@ -44,7 +44,8 @@ full after an answer, so one read of requests and one answer past the transport'
 are the most a connection holds; the head or body deadline of a request the server holds unread
 starts when reading resumes), ``Expect: 100-continue`` (the interim answer
 when the handler first asks for the body), chunked request bodies, HEAD, streaming answers with
-flow control (a write waits while the client's socket buffers are full), and a client that hangs
+flow control (a write waits while the client's socket buffers are full; chunked, or to an HTTP/1.0
+client, which knows no chunked coding, ended by closing the connection), and a client that hangs
 up (or half-closes: TCP cannot tell the two apart) mid-request: the handler's ``on_disconnect``
 runs, which cancels its task. A whole answer leaves in one ``transport.write`` (head and body
 together); a stream's head is held to the end of its event-loop turn, so it leaves with the first
@@ -189,6 +190,8 @@ class ClientRequest:
         "_connection",
         "_expect_continue",
         "_head",
+        "_http_1_1",
+        "_until_close",
         "disconnected",
         "headers",
         "keep_alive",
@@ -209,6 +212,7 @@ class ClientRequest:
         headers: list[tuple[bytes, bytes]],
         keep_alive: bool,
         expect_continue: bool,
+        http_1_1: bool = True,
     ) -> None:
         self._connection = connection
         self.method = method
@@ -220,6 +224,9 @@ class ClientRequest:
         self._body_bytes = 0
         self._body_waiter: asyncio.Future[None] | None = None
         self._chunked = False
+        # HTTP/1.0 (or 0.9) knows no chunked coding (RFC 9112 6.1): a stream's body ends with the connection.
+        self._http_1_1 = http_1_1
+        self._until_close = False
         self._head: bytes | None = None  # a stream's head, until the end of the turn that started it
         self.more_body = True  # body bytes are still to come
         self.response_started = False
@@ -326,15 +333,19 @@ class ClientRequest:
         self._complete()
 
     def start(self, status: int, headers: list[tuple[bytes, bytes]], own: bytes = b"") -> None:
-        """The head of a streamed answer (chunked), sent at the end of this event-loop turn
-        (``own`` as for ``respond``)."""
+        """The head of a streamed answer (chunked; to an HTTP/1.0 client, ended by closing the
+        connection), sent at the end of this event-loop turn (``own`` as for ``respond``)."""
         if self.response_started:
             raise RuntimeError("the answer was already started")
         if self.disconnected:
             self.response_started = True
             return
+        has_body = self.method != "HEAD" and status not in (204, 304)
+        if has_body and not self._http_1_1:
+            self.keep_alive = False  # the end of file ends its body
+            self._until_close = True
         head = self._head_bytes(status, headers, None, own)
-        self._chunked = self.method != "HEAD" and status not in (204, 304)
+        self._chunked = has_body and self._http_1_1
         if self._chunked:
             head.append(_CHUNKED)
         head.append(b"\r\n")
@@ -348,14 +359,19 @@ class ClientRequest:
 
     async def write(self, chunk: bytes) -> None:
         """One chunk of a streamed answer; waits while the client is not reading (flow control)."""
-        if self.disconnected or not chunk or not self._chunked:
+        if self.disconnected or not chunk:
             return
+        if self._chunked:
+            data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        elif self._until_close:
+            data = chunk
+        else:
+            return  # an answer without a body (HEAD, 204, 304)
         connection = self._connection
         if connection.write_paused:
             await connection.drain(self)
             if self.disconnected:
                 return
-        data = b"%x\r\n%s\r\n" % (len(chunk), chunk)
         head, self._head = self._head, None
         connection.transport.write(data if head is None else head + data)
 
@@ -673,6 +689,7 @@ class ClientConnection(asyncio.Protocol):
             self._headers,
             keep_alive,
             self._expect_continue,
+            parser.get_http_version() == "1.1",
         )
         self._parsing = request
         self._framing_bytes = -1

@@ -255,6 +255,24 @@ class TestConnections:
         assert answer.status == 200 and answer.json()["status"] == "ok"
         sock.close()
 
+    def test_an_http_1_0_client_gets_its_stream_unchunked_until_the_connection_closes(self, fleet):
+        """RFC 9112 6.1: no Transfer-Encoding in an answer to an HTTP/1.0 request, which cannot
+        decode it. Before, an HTTP/1.0 client's stream came chunked: its SSE events were mixed with
+        chunk sizes, and with ``Connection: keep-alive`` it waited for an end of file that came
+        only with the keep-alive timeout."""
+        address, _ = fleet
+        for keep_alive in ((), (b"Connection: keep-alive",)):
+            sock, reader = connect(address)
+            head = request(body({"events": 3}, stream=True), *keep_alive)
+            sock.sendall(head.replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\n", 1))
+            reply = reader.raw(timeout_s=5)  # all of it: the end of file ends the body
+            sock.close()
+            head, _, payload = reply.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), reply[:200]
+            assert b"transfer-encoding" not in head.lower() and b"connection: close" in head.lower()
+            events = [event for event in payload.split(b"\n\n") if event]
+            assert events[0].startswith(b"data: {") and events[-1] == b"data: [DONE]", payload[:200]
+
     def test_a_half_closed_connection_counts_as_a_client_gone(self, fleet):
         """TCP cannot tell shutdown(SHUT_WR) from close(): a FIN mid-request cancels the upstream.
 
