@@ -437,6 +437,7 @@ class ClientConnection(asyncio.Protocol):
         # The request being parsed, the one being answered and those waiting their turn.
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0  # the header fields' bytes so far (name, value, ": " and CRLF each)
         self._expect_continue = False
         self._parsing: ClientRequest | None = None
         self._current: ClientRequest | None = None
@@ -641,6 +642,7 @@ class ClientConnection(asyncio.Protocol):
         self._stats.idle.pop(self, None)
         self._url = b""
         self._headers = []
+        self._field_bytes = 0
         self._expect_continue = False
         if not self._in_head:  # the next request on a kept-alive connection
             self._in_head = True
@@ -658,7 +660,10 @@ class ClientConnection(asyncio.Protocol):
         if not self._in_head:
             return  # a trailer field, after a chunked body: never merged into the head (RFC 9110 6.5.1)
         headers = self._headers
-        if len(headers) >= self._max_headers:
+        # The head's size, counted by field: the bytes read per read are counted only while a
+        # head is incomplete, which misses a head that completes within one read.
+        field_bytes = self._field_bytes = self._field_bytes + len(name) + len(value) + 4
+        if len(headers) >= self._max_headers or field_bytes + len(self._url) > self._max_head_bytes:
             self._head_error = (431, "The request head has too many or too large header fields.")
             raise _Refused
         name = name.lower()

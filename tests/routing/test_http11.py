@@ -362,6 +362,14 @@ class TestLimitsAndSmuggling:
         (seen,) = upstream_seen(upstream)["seen"]
         assert "x-smuggled" not in {name.lower() for name, _ in seen["headers"]}
 
+    def test_a_head_past_the_limit_gets_431_even_when_it_arrives_in_one_read(self, fleet):
+        """Before, the head limit was checked only on a head still incomplete after a read: a 70 kB
+        head (limit 64 KiB) that completed within a read was accepted and forwarded to the node."""
+        address, upstream = fleet
+        reply = self._refused(address, request(body(), b"X-Big: " + b"a" * 70_000))
+        assert openai_error(reply, 431)["type"] == "RequestHeaderFieldsTooLargeError"
+        assert upstream_seen(upstream)["seen"] == []
+
     def test_too_many_header_fields_get_431(self, fleet):
         address, _ = fleet
         extra = [b"X-H%d: v" % index for index in range(60)]
