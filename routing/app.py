@@ -62,6 +62,9 @@ from routing.state.table import RoutingTable
 logger = logging.getLogger("routing.app")
 
 _GC_GEN0_THRESHOLD = 10_000
+# A 405's Allow field (RFC 9110 15.5.6: the methods the resource takes).
+_ALLOW_POST = (b"allow", b"POST")
+_ALLOW_GET = (b"allow", b"GET, HEAD")
 _SUPPORTED = "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models"
 # vLLM's other endpoints, and why the gateway does not route them (501, so a client can tell "not
 # here" from a typo'd path).
@@ -390,7 +393,9 @@ class Gateway:
         method = request.method
         if endpoint is not None:
             if method != "POST":
-                _send_error(request, GatewayError(405, f"{path} accepts POST only."))
+                _send_error(
+                    request, GatewayError(405, f"{path} accepts POST only.", extra_headers=[_ALLOW_POST])
+                )
                 return
             await runtime.proxy.handle(request, endpoint)
             return
@@ -400,7 +405,9 @@ class Gateway:
             return
         if method not in ("GET", "HEAD"):
             if path in ("/v1/models", "/healthz", "/health", "/metrics") or path.startswith("/v1/models/"):
-                _send_error(request, GatewayError(405, f"{path} accepts GET only."))
+                _send_error(
+                    request, GatewayError(405, f"{path} accepts GET only.", extra_headers=[_ALLOW_GET])
+                )
             else:
                 _send_error(request, _no_route(method, path))
             return

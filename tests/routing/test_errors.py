@@ -76,9 +76,13 @@ class TestRequestErrors:
             assert_openai_error(
                 await client.get(f"{gateway.url}/v1/embeddings"), 405, "MethodNotAllowedError"
             )
-            assert_openai_error(
-                await client.get(f"{gateway.url}/v1/chat/completions"), 405, "MethodNotAllowedError"
-            )
+            wrong_method = await client.get(f"{gateway.url}/v1/chat/completions")
+            assert_openai_error(wrong_method, 405, "MethodNotAllowedError")
+            # RFC 9110 15.5.6: a 405 names the methods the resource takes (before: no Allow field).
+            assert wrong_method.headers["allow"] == "POST"
+            wrong_method = await client.post(f"{gateway.url}/v1/models")
+            assert_openai_error(wrong_method, 405, "MethodNotAllowedError")
+            assert wrong_method.headers["allow"] == "GET, HEAD"
 
     async def test_it_passes_a_nodes_own_error_through(self, gateway, stubs):
         async with httpx.AsyncClient() as client:
