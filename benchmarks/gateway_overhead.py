@@ -649,6 +649,11 @@ def rounds_in_turns(
     return per_round
 
 
+def _threads(pid: int) -> int:
+    """How many threads the process runs (its tokio workers, plus the main thread)."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def paced_workers(
     one: Target, two: Target, rates: list[float], rounds: int, seconds: float
 ) -> dict[str, Any]:
@@ -699,15 +704,37 @@ def paced_workers(
 
 
 def router_turns(
-    router: Target, gateways: tuple[Target, ...], rounds: int, seconds: float, c1_requests: int
+    router: Target,
+    gateways: tuple[Target, ...],
+    rounds: int,
+    seconds: float,
+    c1_requests: int,
+    router_one_thread: Target | None = None,
 ) -> dict[str, Any]:
     """Issue 25's targets judged on rounds taken in turns with the Rust router (all up together):
     per round each gateway's requests per core as a ratio to the router's (the router's CPU per
     request over the gateway's) and its p50 at one client minus the router's; medians and IQRs
     over the rounds. CPU per request of each gateway against the first one's too (workers: x2
-    against x1)."""
-    per_round = rounds_in_turns((router, *gateways), rounds, seconds, c1_requests, stream_requests=60)
+    against x1). With ``router_one_thread`` (the same router on one tokio worker thread) in the
+    turns too, the router's own CPU per request on its default threads against one: what a second
+    core's worth of workers costs the peer, measured beside gorgo's second worker."""
+    measured = (router, *gateways) + ((router_one_thread,) if router_one_thread is not None else ())
+    per_round = rounds_in_turns(measured, rounds, seconds, c1_requests, stream_requests=60)
     summary: dict[str, Any] = {}
+    if router_one_thread is not None:
+        ratios = [
+            each[router.name]["cpu_us_per_request"] / each[router_one_thread.name]["cpu_us_per_request"]
+            for each in per_round
+        ]
+        q1, median, q3 = _quartiles(ratios) if len(ratios) > 1 else (ratios[0],) * 3
+        summary["router_threads"] = {
+            "cpu_per_request_default_vs_one_thread": round(median, 4),
+            "iqr": [round(q1, 4), round(q3, 4)],
+            "threads": {
+                router.name: _threads(router.process.pid),
+                router_one_thread.name: _threads(router_one_thread.process.pid),
+            },
+        }
     first = gateways[0].name
     for gateway in gateways:
         series = {
@@ -1057,14 +1084,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     together.append(starter())
                     together[-1].name = name
                 together[0].name = "vllm-router"
+                # The peer on one tokio worker thread (its default is one per core): its own cost
+                # of a second worker, beside gorgo's --workers 2.
+                port = free_port()
+                one_thread = _start(
+                    "vllm-router-1-thread",
+                    [
+                        *argv,
+                        "--port",
+                        str(port),
+                        "--prometheus-port",
+                        str(free_port()),
+                        "--log-level",
+                        "warning",
+                    ],
+                    workdir,
+                    {"TOKIO_WORKER_THREADS": "1"},
+                    port=port,
+                )
+                together.append(one_thread)
+                one_thread.name = "vllm-router 1 thread"
                 for target in together:  # warm them up alike
                     latency_c1(target.port, 500, warmup=0, auth=target.auth)
                 extras["router_turns"] = router_turns(
                     together[0],
-                    tuple(together[1:]),
+                    tuple(together[1:-1]),
                     args.router_rounds,
                     args.pair_seconds,
                     min(500, args.c1_requests),
+                    router_one_thread=one_thread,
                 )
             except Exception as exc:
                 print(f"  router turns: failed: {exc}", flush=True)
@@ -1224,7 +1272,7 @@ def _markdown(report: dict[str, Any]) -> str:
         lines.append("Not checked: a target is missing from this run.")
     turns = report.get("router_turns")
     if turns and "error" not in turns:
-        names = [name for name in turns if name not in ("rounds", "method")]
+        names = [name for name in turns if name not in ("rounds", "method", "router_threads")]
 
         def cell(name: str, figure: str) -> str:
             low, high = turns[name][f"{figure}_iqr"]
@@ -1261,6 +1309,14 @@ def _markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"Workers: CPU per request of `--workers 2` against 1, in turns: x{x2['cpu_per_request_vs_first']:g} "
                 f"(target ≤ 1.1: {met})."
+            )
+        threads = turns.get("router_threads")
+        if threads:
+            low, high = threads["iqr"]
+            lines.append(
+                "The Rust router in the same turns, on its default tokio worker threads against one "
+                f"(threads {threads['threads']}): CPU per request x{threads['cpu_per_request_default_vs_one_thread']:g} "
+                f"({low:g} to {high:g}). Its threads share one process; gorgo's workers are processes."
             )
     elif turns:
         lines += ["", f"Rounds with the Rust router failed: {turns['error']}"]
