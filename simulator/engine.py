@@ -422,10 +422,10 @@ class Engine:
         for index in range(request.num_published_blocks, num_full):
             published = False
             if request.blocks[index] is None:
-                block_hash = request.block_hashes[index]
-                if self.pool.publish(block_hash):
-                    request.blocks[index] = block_hash
-                    published = True
+                # Cached even when another request computed the same block meanwhile: vLLM keeps
+                # both copies (no de-duplication) and announces each.
+                request.blocks[index] = self.pool.publish(request.block_hashes[index])
+                published = True
             if published and run_start < 0:
                 run_start = index
             elif not published and run_start >= 0:

@@ -96,8 +96,7 @@ def test_it_evicts_the_least_recently_freed_block_and_a_prefix_last() -> None:
     entries = pool.allocate(4)
     assert entries is not None
     for i, block_hash in enumerate(hashes):
-        assert pool.publish(block_hash)
-        entries[i] = block_hash
+        entries[i] = pool.publish(block_hash)
     assert pool.usage == 1.0
     pool.release(entries)
     assert pool.usage == 0.0
@@ -123,3 +122,26 @@ def test_it_refuses_allocation_when_every_block_is_referenced() -> None:
     assert pool.allocate(2) is not None
     assert pool.allocate(1) is None
     assert pool.num_free_blocks == 0
+
+
+def test_a_block_computed_twice_at_once_is_cached_twice_and_evicted_copy_by_copy() -> None:
+    # vLLM does not de-duplicate (block_pool.py, BlockHashToBlockMap NOTE #1): two requests that
+    # compute the same block each cache a copy under its hash; each copy is evicted on its own.
+    # The emulator kept the second private and never announced it.
+    pool = KVBlockPool(num_blocks=3, block_size=4)
+    pool.evicted = []
+    (block_hash,) = blocks_for([1, 2, 3, 4])
+    first, second = pool.allocate(1), pool.allocate(1)
+    assert first is not None and second is not None
+    first[0], second[0] = pool.publish(block_hash), pool.publish(block_hash)
+    assert first[0] != second[0] and pool.copies(block_hash) == 2
+    pool.release(first)
+    pool.release(second)
+    assert pool.num_cached_blocks == 2 and pool.num_free_blocks == 3
+    hit = pool.acquire_cached([block_hash])
+    assert hit == first  # the oldest copy, as vLLM's get_one_block
+    assert pool.allocate(2) is not None  # the free block, then the other copy
+    assert pool.evicted == [block_hash] and pool.is_cached(block_hash)
+    pool.release(hit)
+    assert pool.allocate(1) is not None
+    assert pool.evicted == [block_hash, block_hash] and not pool.is_cached(block_hash)
