@@ -334,6 +334,7 @@ class Engine:
                 and (request.num_computed_tokens == len(request.token_ids) - 1)
             )
             batch.append(_Scheduled(request, num_new, is_decode))
+            self._publish_full_blocks(request, num_new)
             budget -= num_new
             index += 1
 
@@ -353,6 +354,7 @@ class Engine:
                     request.first_scheduled_s = loop_time
                 num_new = min(len(request.token_ids) - request.num_computed_tokens, budget)
                 batch.append(_Scheduled(request, num_new, is_decode=False))
+                self._publish_full_blocks(request, num_new)
                 budget -= num_new
         return batch
 
@@ -410,9 +412,14 @@ class Engine:
         self.num_preemptions += 1
         self.metrics.num_preemptions.inc()
 
-    def _publish_full_blocks(self, request: SimRequest) -> None:
+    def _publish_full_blocks(self, request: SimRequest, num_new: int) -> None:
+        """Cache the blocks this step's ``num_new`` tokens will fill, when the step is scheduled, as
+        vLLM's ``allocate_slots`` does (``cache_blocks`` up to the computed plus the new tokens): a
+        request scheduled after it in the same step hits them (its attention reads what the batch
+        writes in the same layer). The emulator cached them when the step ended, so two requests
+        arriving in one step both computed a prefix that vLLM lets the second one hit."""
         block_size = self.params.block_size
-        num_full = request.num_computed_tokens // block_size
+        num_full = min(request.num_computed_tokens + num_new, len(request.token_ids)) // block_size
         if num_full <= request.num_published_blocks:
             return
         extend_block_hashes(
@@ -498,7 +505,6 @@ class Engine:
                 continue
             iteration_tokens += item.num_new_tokens
             request.num_computed_tokens += item.num_new_tokens
-            self._publish_full_blocks(request)
             if request.num_computed_tokens < len(request.token_ids):
                 continue  # a prefill chunk; the prompt is not done yet
             text = next(request.pieces)

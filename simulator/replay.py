@@ -307,8 +307,7 @@ class ReplayEngine(Engine):
             request = item.request
             if request.finished:
                 continue
-            request.num_computed_tokens += item.num_new_tokens
-            self._publish_full_blocks(request)
+            request.num_computed_tokens += item.num_new_tokens  # its blocks cached when scheduled
             if request.num_computed_tokens < len(request.token_ids):
                 continue
             request.token_ids.append(_ANSWER_TOKEN_ID)
@@ -334,7 +333,7 @@ class ReplayEngine(Engine):
             request.token_ids.extend(answer)
             request.num_output_tokens += steps
             request.last_token_s = now
-            self._publish_full_blocks(request)
+            self._publish_full_blocks(request, 0)  # the blocks these decode steps filled
             if request.num_output_tokens >= request.stop_after_tokens:
                 request.channel.push(TokenEvent(_ANSWER_EVENT_TEXT, now, "length"))
                 self.running.remove(request)
