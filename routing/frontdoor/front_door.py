@@ -30,13 +30,16 @@ _KNOWN_CREDENTIALS_MAX: Final = 10_000
 
 class Grant:
     """What ``admit`` granted one request: undone by ``done``. ``head``: its ``x-ratelimit-*``
-    headers as the answer's head bytes (``ratelimit.header_lines``; empty for a key without limits)."""
+    headers as the answer's head bytes (``ratelimit.header_lines``; empty for a key without limits).
+    ``served``: a node began a 200 answer (the proxy sets it), so its tokens were spent even if the
+    request then ends in a 499, 502 or 504."""
 
-    __slots__ = ("charged_tokens", "head")
+    __slots__ = ("charged_tokens", "head", "served")
 
     def __init__(self, charged_tokens: int, head: bytes) -> None:
         self.charged_tokens = charged_tokens
         self.head = head
+        self.served = False
 
 
 class FrontDoor:
@@ -153,8 +156,11 @@ class FrontDoor:
         if grant.charged_tokens or key.tokens_per_min:
             if usage is not None and usage.prompt_tokens is not None:
                 used = usage.prompt_tokens + (usage.completion_tokens or 0)
-            elif status >= 400:
-                used = 0  # nothing was generated: give the charge back
+            elif status >= 400 and not grant.served:
+                used = 0  # no node answered it: nothing was generated, give the charge back
             else:
-                return  # a stream without a usage event: the estimate stands
+                # A stream without a usage event, or one cut midway (the client left, the node
+                # broke): the estimate stands. (A cut stream was given its charge back as if no
+                # node had served it: hanging up before the usage event made every answer free.)
+                return
             self.limiter.settle(key, grant.charged_tokens, used)

@@ -593,6 +593,9 @@ class Proxy:
             _Reroute(self, table, request, parsed.prompt_text, prompt_ids, route, endpoint),
             task,
         )
+        grant = exchange.grant
+        if grant is not None and response.status == 200:
+            grant.served = True  # the node took it on: a cut answer keeps its charge (FrontDoor.done)
         head_s = exchange.head_s
         if parsed.stream and response.status == 200 and head_s is not None and exchange.sent_s:
             # The round trip is known now, long before the answer ends (routing.state.measured).

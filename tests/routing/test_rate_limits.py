@@ -516,3 +516,33 @@ async def test_one_timed_out_call_does_not_give_a_gateway_a_second_minute(redis_
     finally:
         await client.aclose()
     assert limiter.fallbacks > 0 and admitted <= rpm + 1  # a second's refill at most
+
+
+async def test_a_stream_the_client_cuts_midway_keeps_its_token_charge(
+    aredis, redis_keys, redis_url, stubs
+) -> None:
+    """A client that reads a stream and hangs up before its usage event (status 499) had its whole
+    token charge given back, as for a request no node served: read every answer but its last
+    event, and a tokens/min limit cost nothing, prompt included."""
+    await setup(aredis, redis_keys, stubs, tokens_per_min=1000)
+    body = {
+        **BODY,
+        "messages": [{"role": "user", "content": "x" * 2000}],  # ~500 tokens estimated
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stub": {"chunks": 100, "chunk_delay_s": 0.05},
+    }
+    async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+        async with gateway.http.stream("POST", "/v1/chat/completions", json=body, headers=AUTH) as answer:
+            assert answer.status_code == 200
+            charged_to = int(answer.headers["x-ratelimit-remaining-tokens"])
+            async for line in answer.aiter_lines():
+                if line.startswith("data:"):
+                    break  # the node is generating; the client hangs up
+        await wait_for(lambda: aredis.xlen(redis_keys.request_stream))  # done() has run
+        front_door = gateway.app.runtime.front_door
+        assert front_door is not None
+        await front_door.limiter._flush()  # the settle loop, at once
+        level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
+    assert charged_to < 600
+    assert level < charged_to + 100, level  # a few seconds' refill, not the ~500 given back
