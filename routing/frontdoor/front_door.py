@@ -32,14 +32,18 @@ class Grant:
     """What ``admit`` granted one request: undone by ``done``. ``head``: its ``x-ratelimit-*``
     headers as the answer's head bytes (``ratelimit.header_lines``; empty for a key without limits).
     ``served``: a node began a 200 answer (the proxy sets it), so its tokens were spent even if the
-    request then ends in a 499, 502 or 504."""
+    request then ends in a 499, 502 or 504. ``stream_events``: the ``data: {`` events of its stream
+    the relay passed on (counted for a key with a tokens/min limit): a stream's completion tokens
+    when it has no usage event, one token an event as vLLM and OpenAI stream them (a choice's
+    first and last event may carry none; an event of several tokens counts one)."""
 
-    __slots__ = ("charged_tokens", "head", "served")
+    __slots__ = ("charged_tokens", "head", "served", "stream_events")
 
     def __init__(self, charged_tokens: int, head: bytes) -> None:
         self.charged_tokens = charged_tokens
         self.head = head
         self.served = False
+        self.stream_events = 0
 
 
 class FrontDoor:
@@ -160,7 +164,9 @@ class FrontDoor:
                 used = 0  # no node answered it: nothing was generated, give the charge back
             else:
                 # A stream without a usage event, or one cut midway (the client left, the node
-                # broke): the estimate stands. (A cut stream was given its charge back as if no
-                # node had served it: hanging up before the usage event made every answer free.)
-                return
+                # broke): the estimate plus the events it streamed. (A cut stream was given its
+                # charge back as if no node had served it, and a stream without a usage event, as
+                # OpenAI's SDKs stream by default, was charged its prompt only: its completion
+                # tokens were free.)
+                used = grant.charged_tokens + grant.stream_events
             self.limiter.settle(key, grant.charged_tokens, used)

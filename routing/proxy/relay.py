@@ -114,6 +114,10 @@ class Relay:
         client.start(status, out_headers, own)
         tail = b""
         bytes_out = 0
+        # A key with a tokens/min limit: its events are counted as they pass, so a stream without
+        # a usage event (or cut midway) is charged what it generated (FrontDoor.done).
+        key = exchange.key
+        counted = grant if grant is not None and key is not None and key.tokens_per_min else None
         loop = asyncio.get_running_loop()
         idle_s = self._idle_timeout_s
         try:
@@ -125,6 +129,8 @@ class Relay:
                 exchange.ttft_s = _perf_counter() - exchange.arrival_s
             async with asyncio.timeout(None) as idle:
                 while chunk:
+                    if counted is not None:
+                        counted.stream_events += chunk.count(b"data: {")
                     await client.write(chunk)
                     bytes_out += len(chunk)
                     tail = (

@@ -546,3 +546,22 @@ async def test_a_stream_the_client_cuts_midway_keeps_its_token_charge(
         level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
     assert charged_to < 600
     assert level < charged_to + 100, level  # a few seconds' refill, not the ~500 given back
+
+
+async def test_a_stream_without_a_usage_event_is_charged_its_completion(
+    aredis, redis_keys, redis_url, stubs
+) -> None:
+    """A stream without ``stream_options.include_usage`` (OpenAI's SDKs stream without it unless
+    asked) has no usage event, and its charge stayed the prompt estimate: every token it generated
+    was free, so a tokens/min limit held streaming clients to their prompts only."""
+    await setup(aredis, redis_keys, stubs, tokens_per_min=1000)
+    body = {**BODY, "stream": True, "stub": {"chunks": 300}}  # a 3-token prompt, 300 tokens out
+    async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+        answer = await gateway.http.post("/v1/chat/completions", json=body, headers=AUTH)
+        assert answer.status_code == 200 and answer.text.count("data: {") == 300
+        await wait_for(lambda: aredis.xlen(redis_keys.request_stream))  # done() has run
+        front_door = gateway.app.runtime.front_door
+        assert front_door is not None
+        await front_door.limiter._flush()  # the settle loop, at once
+        level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
+    assert level < 1000 - 250, level  # the 300 tokens streamed are charged (less a few seconds' refill)
