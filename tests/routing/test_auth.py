@@ -279,3 +279,22 @@ class TestKnownCredentials:
             with pytest.raises(AuthError):
                 door.authenticate(self.headers(f"gorgo-sk-guess-{index}"))
         assert door._known == {}
+
+    def test_padded_credentials_do_not_grow_what_is_remembered(self):
+        """Accepted credentials are remembered by their header values, up to 10,000 of them; a
+        client with one valid key could send it with a different 60 kB ``api-key`` beside it (or
+        padded with spaces after ``Bearer``), and each value was kept whole: 10,000 of them held
+        600 MB of the gateway's memory."""
+        from routing.http.headers import scan_request_headers
+
+        door = self.door(make_key(SECRET))
+        for index in range(200):
+            padding = b" " * (60_000 + index)
+            for raw in (
+                [(b"authorization", f"Bearer {SECRET}".encode()), (b"api-key", b"x" + padding + b"x")],
+                [(b"authorization", b"Bearer" + padding + SECRET.encode())],
+            ):
+                headers = scan_request_headers(raw, None, keep_credentials=False)
+                assert door.authenticate(headers).id == "k1"
+        held = sum(len(authorization or b"") + len(api_key or b"") for authorization, api_key in door._known)
+        assert held <= 400 * 1024, held  # a few hundred bytes a credential at most
