@@ -11,7 +11,7 @@ Errors (the proxy's retry and breaker rules key on these):
 - ``ConnectFailed`` (``ConnectTimeout``): no TCP (or TLS) connection to the node;
 - ``Disconnected``: the node closed the connection before or during the response;
 - ``ReadTimeout``: no byte for ``read_timeout_s`` while a response was expected;
-- ``ProtocolError``: bytes that are not an HTTP/1.1 response.
+- ``ProtocolError``: bytes that are not an HTTP/1.1 response (a status below 100).
 
 Pool: idle connections per origin (scheme, host, port), newest first, closed after
 ``keepalive_s`` idle; one is reused only if its response ended cleanly with keep-alive. Flow
@@ -282,11 +282,13 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self.response
         assert response is not None
-        response.status = self.parser.get_status_code()
-        if 100 <= response.status < 200:  # an interim answer (100 Continue): wait for the real one
-            response.raw_headers = []
-            response.status = 0
+        status = self.parser.get_status_code()
+        if status < 200:
+            if status < 100:  # httptools takes any three digits; 0 would read as "no head yet"
+                raise ProtocolError(f"status {status}")  # httptools raises it as a parser error
+            response.raw_headers = []  # an interim answer (100 Continue): wait for the real one
             return
+        response.status = status
         content_type = self._content_type
         media_type = _MEDIA_TYPES.get(content_type)
         response.content_type = media_type if media_type is not None else _media_type(content_type)

@@ -8,7 +8,7 @@ import pytest
 
 from routing.deadlines import FixedDelay
 from routing.http.headers import filter_response_headers
-from routing.http.upstream import ConnectFailed, ReadTimeout, UpstreamClient, make_target
+from routing.http.upstream import ConnectFailed, ProtocolError, ReadTimeout, UpstreamClient, make_target
 from simulator.harness import free_port
 from tests.routing.manual_loop import ManualLoop
 from tests.routing.support import wait_for
@@ -181,3 +181,16 @@ async def test_fixed_delay_timers_fire_in_order_and_cancelled_ones_not():
     timers.call(loop, lambda: fired.append(9))  # type: ignore[arg-type]
     loop.advance(0.1)
     assert fired == [1, 2, 4, 9]
+
+
+@pytest.mark.parametrize("status_line", [b"HTTP/1.1 000 OK", b"HTTP/1.1 099 Odd"])
+async def test_a_status_below_100_is_a_protocol_error(status_line):
+    """httptools takes any three digits: a 000 was taken for the end of an interim answer, so the
+    body never ended (the request waited for the read timeout), and a 099 went to the client."""
+    answer = status_line + b"\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+    async with Server(lambda data: [(0, answer)]) as url:
+        upstream = client(read_timeout_s=1.0)
+        with pytest.raises(ProtocolError):
+            response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+            await response.read()
+        await upstream.close()
