@@ -11,7 +11,8 @@ Errors (the proxy's retry and breaker rules key on these):
 - ``ConnectFailed`` (``ConnectTimeout``): no TCP (or TLS) connection to the node;
 - ``Disconnected``: the node closed the connection before or during the response;
 - ``ReadTimeout``: no byte for ``read_timeout_s`` while a response was expected;
-- ``ProtocolError``: bytes that are not an HTTP/1.1 response (a status below 100).
+- ``ProtocolError``: bytes that are not an HTTP/1.1 response (a status below 100, a head past
+  ``_MAX_HEAD_BYTES``).
 
 Pool: idle connections per origin (scheme, host, port), newest first, closed after
 ``keepalive_s`` idle; one is reused only if its response ended cleanly with keep-alive. Flow
@@ -31,6 +32,10 @@ from urllib.parse import urlsplit
 import httptools
 
 _HIGH_WATER: Final = 1 << 20
+# The longest response head (status line, header fields, interim answers) a node may send. vLLM's
+# are ~200 bytes; httptools holds an unfinished field whole and grows it by a copy per read, so an
+# endless one cost memory and quadratic copying on the event loop until the read timeout.
+_MAX_HEAD_BYTES: Final = 64 * 1024
 # A response's Content-Type as the relay compares it ("text/event-stream"), per value the nodes
 # send (the same few on every answer): four bytes methods and a decode each time cost ~1.5 k
 # instructions a response. Bounded: a value past the cap is worked out each time.
@@ -230,6 +235,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.closed = False
         self.idle_since = 0.0
+        self.head_bytes = 0  # bytes read while the current response's head is incomplete
         self._content_type = b""
         # The read timeout: one lazy timer per connection. Arming moves a deadline (always
         # later: the timeout is fixed); the timer re-arms itself for the rest when it fires early.
@@ -243,7 +249,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:  # bytes nobody asked for: the connection cannot be trusted
+        response = self.response
+        if response is None:  # bytes nobody asked for: the connection cannot be trusted
             self.abort()
             return
         try:
@@ -251,6 +258,12 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"invalid response from the node: {exc}"))
             self.abort()
+            return
+        if response.status == 0:  # the head is still incomplete: all of these bytes were head
+            self.head_bytes += len(data)
+            if self.head_bytes > _MAX_HEAD_BYTES:
+                self._fail(ProtocolError(f"the node's response head is past {_MAX_HEAD_BYTES} bytes"))
+                self.abort()
 
     def eof_received(self) -> bool | None:
         response = self.response
@@ -377,6 +390,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = UpstreamResponse(self)
         self._content_type = b""
+        self.head_bytes = 0
         waiter = self.head_waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter

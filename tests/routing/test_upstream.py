@@ -183,6 +183,37 @@ async def test_fixed_delay_timers_fire_in_order_and_cancelled_ones_not():
     assert fired == [1, 2, 4, 9]
 
 
+async def test_an_endless_response_head_is_refused_without_buffering_it():
+    """A node that never ends its head (one endless header field) was read until the read
+    timeout: httptools held the field whole and grew it by a copy per read (gigabytes of copying
+    on the event loop, all of it kept in memory). Now a head past 64 KiB is a protocol error."""
+    sent = {"bytes": 0}
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        filler = b"a" * 65536
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-filler: ")
+        try:
+            for _ in range(512):  # at most 32 MB
+                writer.write(filler)
+                await writer.drain()
+                sent["bytes"] += len(filler)
+        except ConnectionError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    upstream = client(read_timeout_s=3.0)
+    try:
+        with pytest.raises(ProtocolError):
+            await upstream.request(make_target(url + CHAT), b"", b"{}")
+    finally:
+        await upstream.close()
+        server.close()
+    assert sent["bytes"] < 16 << 20
+
+
 @pytest.mark.parametrize("status_line", [b"HTTP/1.1 000 OK", b"HTTP/1.1 099 Odd"])
 async def test_a_status_below_100_is_a_protocol_error(status_line):
     """httptools takes any three digits: a 000 was taken for the end of an interim answer, so the
