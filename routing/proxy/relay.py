@@ -28,6 +28,8 @@ from routing.state.table import RoutingTable
 _perf_counter: Final = time.perf_counter  # a C static, compiled: no module lookup per call
 # The last event of an OpenAI stream, with either line ending SSE allows.
 _SSE_DONE_ENDINGS: Final = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n")
+# The end of an SSE event (a blank line), with each line ending SSE allows.
+_SSE_EVENT_ENDINGS: Final = (b"\n\n", b"\r\r", b"\r\n\r\n")
 
 
 class Relay:
@@ -159,6 +161,10 @@ class Relay:
             exchange.error = f"node {node.name} stream broke ({kind})"
             event = GatewayError(exchange.status, f"The node {node.name} stopped mid-stream ({kind}).")
             chunk = b"data: " + event.body() + b"\n\n"
+            if tail and not tail.endswith(_SSE_EVENT_ENDINGS):
+                # The node stopped inside an event: end it first, or the client's SSE parser
+                # reads the error as more of that event's line and never sees it.
+                chunk = b"\n\n" + chunk
             await client.write(chunk)
             bytes_out += len(chunk)
         exchange.bytes_out = bytes_out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from routing.contract import RequestRecord, decode
 from tests.routing.support import (
     MODEL,
@@ -74,3 +76,52 @@ class TestBrokenAnswers:
         (entry,) = await aredis.xrange(redis_keys.request_stream)
         record = decode(entry[1][b"r"], RequestRecord)
         assert record.status == 502 and "flaky" in (record.error or "")
+
+
+class MidEventNode(asyncio.Protocol):
+    """Streams one whole event and the start of another (``cut`` bytes of it), then closes."""
+
+    cut = 20
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        body = EVENT + EVENT[: MidEventNode.cut]
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n" % (len(body), body)
+        )
+        asyncio.get_running_loop().call_later(0.05, self.transport.close)
+
+
+def sse_events(text: str) -> list[str]:
+    """The data of each event as an SSE client dispatches it (events end at a blank line)."""
+    events, data = [], []
+    for line in text.split("\n"):
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    return events
+
+
+class TestBreakInsideAnEvent:
+    @pytest.mark.parametrize("cut", [20, len(EVENT) - 1])  # inside the data line; before the blank line
+    async def test_the_error_event_is_an_event_of_its_own(self, aredis, redis_keys, redis_url, cut):
+        """A node that dies inside an event: the gateway's error event was appended to the partial
+        line (or event), so the client's SSE parser read one broken event and never saw the error."""
+        MidEventNode.cut = cut
+        server = await asyncio.get_running_loop().create_server(MidEventNode, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, url, name="flaky"),)))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                response = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+        finally:
+            server.close()
+        events = sse_events(response.text)
+        assert events[0] == EVENT.decode().strip().removeprefix("data: ")
+        assert json.loads(events[-1])["error"]["type"] == "BadGatewayError"
