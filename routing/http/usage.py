@@ -27,3 +27,16 @@ class UsageDoc(msgspec.Struct):
     """A JSON answer or SSE event, for its ``usage`` object only."""
 
     usage: Usage | None = None
+
+
+class NodeError(msgspec.Struct):
+    """The part of a node's error object (OpenAI's and vLLM's shape) the request record keeps."""
+
+    message: str = ""
+    code: int | str | None = None  # vLLM: the HTTP status it stands for
+
+
+class ErrorEvent(msgspec.Struct):
+    """An SSE event, for its ``error`` object only (vLLM's error event ending a stream)."""
+
+    error: NodeError | None = None

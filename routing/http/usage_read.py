@@ -14,9 +14,10 @@ from typing import Final
 
 import msgspec
 
-from routing.http.usage import Usage, UsageDoc
+from routing.http.usage import ErrorEvent, NodeError, Usage, UsageDoc
 
 _usage_decoder: Final = msgspec.json.Decoder(UsageDoc)
+_error_decoder: Final = msgspec.json.Decoder(ErrorEvent)
 
 
 def parse_usage(document: bytes) -> Usage | None:
@@ -38,3 +39,23 @@ def parse_stream_usage(tail: bytes) -> Usage | None:
     if start < 0 or end < 0:
         return None
     return parse_usage(tail[start + 5 : end])
+
+
+def parse_stream_error(tail: bytes) -> NodeError | None:
+    """The node's own error event, when it ended the stream (vLLM: ``data: {"error": {...}}`` then
+    ``data: [DONE]``, its status already 200). ``{"error"`` only starts an object whose first key
+    is ``error``: inside a JSON string its quote would be escaped."""
+    at = tail.rfind(b'{"error"')
+    if at < 0:
+        return None
+    end = tail.find(b"\n", at)
+    if end < 0:
+        return None
+    rest = tail[end:].strip()
+    if rest and rest != b"data: [DONE]":  # not the last event: the stream went on after it
+        return None
+    try:
+        event: ErrorEvent = _error_decoder.decode(tail[at:end])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return event.error

@@ -18,7 +18,7 @@ from routing.http.client_side import ClientRequest
 from routing.http.headers import filter_response_headers
 from routing.http.upstream import ReadTimeout, UpstreamError, UpstreamResponse
 from routing.http.usage import USAGE_TAIL_BYTES
-from routing.http.usage_read import parse_stream_usage, parse_usage
+from routing.http.usage_read import parse_stream_error, parse_stream_usage, parse_usage
 from routing.observability.exporter import GatewayMetrics
 from routing.observability.tracing import GatewayTracing
 from routing.proxy.exchange import Exchange
@@ -172,6 +172,15 @@ class Relay:
         client.end()
         if status == 200:
             exchange.usage = parse_stream_usage(tail)
+            node_error = parse_stream_error(tail) if exchange.status == 200 else None
+            if node_error is not None:
+                # The node failed the request after its 200 went out (vLLM's error event): the
+                # client has the event as the node sent it; the record keeps what it says.
+                code = node_error.code
+                exchange.status = code if isinstance(code, int) and 400 <= code < 600 else 500
+                exchange.error = (
+                    f"node {node.name} ended the stream with an error: {node_error.message[:200]}"
+                )
         if exchange.span is not None:
             assert self._tracing is not None
             self._tracing.answer(exchange.span, tail, stream=True)

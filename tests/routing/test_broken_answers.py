@@ -125,3 +125,47 @@ class TestBreakInsideAnEvent:
         events = sse_events(response.text)
         assert events[0] == EVENT.decode().strip().removeprefix("data: ")
         assert json.loads(events[-1])["error"]["type"] == "BadGatewayError"
+
+
+# What vLLM sends when a request fails after its stream started (chat_completion_stream_generator:
+# a GenerationError, finish_reason "error"): the error event, then [DONE].
+VLLM_ERROR = (
+    b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", '
+    b'"param": null, "code": 500}}\n\n'
+)
+
+
+class ErrorEventNode(asyncio.Protocol):
+    """Streams a token, then vLLM's mid-stream error event and [DONE], and ends the body."""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        body = EVENT + VLLM_ERROR + b"data: [DONE]\n\n"
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+
+
+class TestNodeErrorEvent:
+    async def test_the_record_keeps_the_error_a_node_ended_its_stream_with(
+        self, aredis, redis_keys, redis_url
+    ):
+        """vLLM says a failure after its 200 in the stream; the record said 200 and no error."""
+        server = await asyncio.get_running_loop().create_server(ErrorEventNode, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, url, name="flaky"),)))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                response = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+                await wait_for(lambda: aredis.xlen(redis_keys.request_stream))
+        finally:
+            server.close()
+        assert response.status_code == 200
+        assert response.content == EVENT + VLLM_ERROR + b"data: [DONE]\n\n"  # passed on unchanged
+        (entry,) = await aredis.xrange(redis_keys.request_stream)
+        record = decode(entry[1][b"r"], RequestRecord)
+        assert record.status == 500
+        assert "flaky" in (record.error or "") and "Internal server error" in (record.error or "")
