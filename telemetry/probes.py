@@ -148,8 +148,14 @@ class NodeHTTP:
         return self.map(lambda target: self.fetch_metrics(target, timeout_s), targets)
 
     def fetch_metrics(self, target: Target, timeout_s: float) -> FetchResult:
-        """GET /metrics, refusing bodies over ``MAX_METRICS_BYTES`` instead of buffering them."""
+        """GET /metrics, refusing bodies over ``MAX_METRICS_BYTES`` instead of buffering them.
+
+        ``timeout_s`` bounds the whole body too, not only each read: httpx's timeouts apply per
+        network operation, so a page arriving a few bytes at a time (a slow or lossy link) would
+        otherwise keep the round, and every other node's scrape in it, waiting without end.
+        """
         fetched_at = time.time()
+        deadline = time.monotonic() + timeout_s
         try:
             with self.client.stream("GET", f"{target.base_url}/metrics", timeout=timeout_s) as response:
                 if response.status_code != 200:
@@ -170,6 +176,13 @@ class NodeHTTP:
                             error=f"GET /metrics body larger than {MAX_METRICS_BYTES} bytes",
                         )
                     chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        return FetchResult(
+                            target.node_id,
+                            fetched_at,
+                            status_code=200,
+                            error=f"GET /metrics took longer than {timeout_s:g} s",
+                        )
                 text = b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
                 return FetchResult(target.node_id, fetched_at, text=text, status_code=200)
         except httpx.HTTPError as exc:

@@ -13,7 +13,8 @@ synchronous tests such as Django's, in a thread of its own (``start_in_thread``)
 - ``api_status``: what every OpenAI API request gets when its ``stub`` names no status (a node
   whose engine died answers 500).
 - ``/health``: ``health_status``, delayed by ``region_delays_ms[X-Gorgo-Region]`` (a far region).
-- ``/metrics``: ``metrics`` (text, or a function returning it), vLLM's exposition format.
+- ``/metrics``: ``metrics`` (text, or a function returning it), vLLM's exposition format;
+  ``metrics_byte_delay_s`` sends it a byte at a time (a node on a slow or lossy link).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class StubNode:
     health_status: int = 200
     api_status: int = 200  # the OpenAI API's answer when the request's ``stub`` names none
     head_delay_s: float = 0.0  # every OpenAI API answer's head waits this long (a round trip away)
+    metrics_byte_delay_s: float = 0.0  # /metrics body sent one byte at a time, this far apart (a slow link)
     seen: list[SeenRequest] = field(default_factory=list)  # OpenAI API requests, in order
     aborted: int = 0  # requests the client (the gateway) hung up on
     events_written: int = 0  # SSE content events written so far, over all streams
@@ -119,11 +121,18 @@ class StubNode:
             await asyncio.sleep(delay_ms / 1000.0)
         return web.Response(status=self.health_status, body=b"", content_type="text/plain")
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
         text = self.metrics() if callable(self.metrics) else self.metrics
-        return web.Response(
-            body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-        )
+        headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        if not self.metrics_byte_delay_s:
+            return web.Response(body=text.encode(), headers=headers)
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        for byte in text.encode():
+            await response.write(bytes([byte]))
+            await asyncio.sleep(self.metrics_byte_delay_s)
+        await response.write_eof()
+        return response
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from routing import contract
@@ -113,3 +115,22 @@ def test_disabled_nodes_are_not_scraped(tel, http, stubs):
 
     assert rounds.scrape_round(tel.client, tel.keys, http).scraped == 0
     assert not MetricSample.objects.exists()
+
+
+def test_a_node_trickling_its_metrics_does_not_hold_up_the_round(tel, http, stubs, settings):
+    # Every byte arrives well within the read timeout, so only a deadline on the whole fetch ends
+    # it; without one the round waits for the whole page (15 s or more here) and, under Celery, is
+    # killed at its time limit with every other node's scrape lost.
+    settings.GORGO_SCRAPE_TIMEOUT_S = 1.0
+    regions = make_regions("us-east")
+    slow = make_node("use-1", regions["us-east"], stubs(metrics_byte_delay_s=0.002).url)
+    fine = make_node("use-2", regions["us-east"], stubs(metrics=Counters().page).url)
+
+    started = time.monotonic()
+    result = rounds.scrape_round(tel.client, tel.keys, http)
+    elapsed_s = time.monotonic() - started
+
+    assert elapsed_s < 10.0  # the deadline plus at most one read timeout, with room for a busy machine
+    assert (result.scraped, result.failed) == (2, 1)
+    assert "longer than" in MetricSample.objects.get(node=slow).error
+    assert MetricSample.objects.get(node=fine).ok
