@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,11 @@ class NodeHTTP:
             timeout=httpx.Timeout(5.0),
             follow_redirects=False,
             headers={"User-Agent": "gorgo-telemetry"},
+            # Reach the nodes as the gateways do: directly (a worker's HTTP_PROXY would put the
+            # proxy's round trip in every RTT) and trusting the system's CAs, as the gateway's
+            # ssl.create_default_context() does (SSL_CERT_FILE/SSL_CERT_DIR still apply, via OpenSSL).
+            trust_env=False,
+            verify=ssl.create_default_context(),
         )
         self.executor = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="gorgo-node-http")
 

@@ -10,7 +10,7 @@ from simulator.harness import free_port
 from telemetry import rounds
 from telemetry.live import update_rtt
 from telemetry.models import RTTSample
-from telemetry.probes import Target
+from telemetry.probes import NodeHTTP, Target
 from tests.telemetry.conftest import make_node, make_regions
 
 pytestmark = pytest.mark.django_db
@@ -109,3 +109,21 @@ def test_a_probe_round_keeps_other_regions_entries(tel, http, stubs):
 def test_a_probe_round_for_a_removed_region_does_nothing(tel, http):
     assert rounds.probe_round(tel.client, tel.keys, http, "atlantis") is None
     assert tel.client.get(tel.keys.live_rtt) is None
+
+
+def test_it_talks_to_the_node_itself_even_with_a_proxy_in_the_environment(stubs, monkeypatch):
+    # The gateways connect to nodes directly; a probe through the worker's HTTP_PROXY measured the
+    # proxy's round trip (and its connection to the node), and a scrape read what the proxy said.
+    node, proxy = stubs(), stubs()
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.setenv("http_proxy", proxy.url)
+    http = NodeHTTP(keepalive_s=60.0, max_parallel=2)
+    try:
+        probe = http.probe("us-east", Target(1, node.url), timeout_s=2.0)
+        fetch = http.fetch_metrics(Target(1, node.url), timeout_s=2.0)
+    finally:
+        http.close()
+
+    assert probe.ok and fetch.text is not None
+    assert (node.health_requests, proxy.health_requests) == (1, 0)
+    assert node.seen_regions == ["us-east"]
