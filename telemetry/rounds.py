@@ -64,6 +64,13 @@ def monitored_nodes() -> list[Target]:
     ]
 
 
+def still_present(node_ids: list[int]) -> set[int]:
+    """Which of these nodes still exist. A round reads the fleet, then waits up to a timeout for
+    the nodes; one deleted meanwhile must not have rows written for it (its foreign key would fail
+    the round's inserts, and with them every other node's results) nor its live state revived."""
+    return set(Node.objects.filter(pk__in=node_ids).values_list("pk", flat=True))
+
+
 def ensure_health_rows(node_ids: list[int]) -> None:
     NodeHealth.objects.bulk_create(
         [NodeHealth(node_id=node_id) for node_id in node_ids], ignore_conflicts=True
@@ -124,6 +131,9 @@ def probe_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP, region_slu
         return None
     targets = monitored_nodes()
     results = http.probe_all(region_slug, targets, settings.GORGO_PROBE_TIMEOUT_S)
+    present = still_present([t.node_id for t in targets])
+    targets = [t for t in targets if t.node_id in present]
+    results = [r for r in results if r.node_id in present]
     now = time.time()
     RTTSample.objects.bulk_create(
         [
@@ -199,6 +209,9 @@ def scrape_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP) -> Scrape
         return ScrapeRound(scraped=0, failed=0, transitions=0)
     private = telemetry_keys(keys)
     fetched = http.fetch_all(targets, settings.GORGO_SCRAPE_TIMEOUT_S)
+    present = still_present([t.node_id for t in targets])
+    targets = [t for t in targets if t.node_id in present]
+    fetched = [f for f in fetched if f.node_id in present]
     baselines = client.mget([private.scrape_baseline(t.node_id) for t in targets])
     node_ids = [t.node_id for t in targets]
     ensure_health_rows(node_ids)

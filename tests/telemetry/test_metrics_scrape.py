@@ -134,3 +134,25 @@ def test_a_node_trickling_its_metrics_does_not_hold_up_the_round(tel, http, stub
     assert (result.scraped, result.failed) == (2, 1)
     assert "longer than" in MetricSample.objects.get(node=slow).error
     assert MetricSample.objects.get(node=fine).ok
+
+
+@pytest.mark.django_db(transaction=True)  # the foreign keys are checked at commit, as in production
+def test_a_node_deleted_while_it_is_scraped_does_not_cost_the_others_their_round(tel, http, stubs):
+    regions = make_regions("us-east")
+    gone = make_node("use-1", regions["us-east"], stubs(metrics=Counters().page).url)
+    kept = make_node("use-2", regions["us-east"], stubs(metrics=Counters().page).url)
+    fetch_all = http.fetch_all
+
+    def fetch_then_delete(targets, timeout_s):
+        fetched = fetch_all(targets, timeout_s)
+        gone.delete()  # an operator removes the node while the round waits for the fleet
+        return fetched
+
+    http.fetch_all = fetch_then_delete
+    result = rounds.scrape_round(tel.client, tel.keys, http)
+
+    assert result.failed == 0
+    assert MetricSample.objects.get(node=kept).ok
+    assert not MetricSample.objects.filter(node_id=gone.pk).exists()
+    assert live(tel, kept).num_running == 3
+    assert tel.client.hget(tel.keys.live_nodes, str(gone.pk)) is None  # not brought back to life

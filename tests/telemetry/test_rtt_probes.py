@@ -127,3 +127,25 @@ def test_it_talks_to_the_node_itself_even_with_a_proxy_in_the_environment(stubs,
     assert probe.ok and fetch.text is not None
     assert (node.health_requests, proxy.health_requests) == (1, 0)
     assert node.seen_regions == ["us-east"]
+
+
+@pytest.mark.django_db(transaction=True)  # the foreign keys are checked at commit, as in production
+def test_a_node_deleted_while_it_is_probed_does_not_cost_the_others_their_round(tel, http, stubs):
+    regions = make_regions("us-east")
+    gone = make_node("use-1", regions["us-east"], stubs().url)
+    kept = make_node("use-2", regions["us-east"], stubs().url)
+    probe_all = http.probe_all
+
+    def probe_then_delete(region, targets, timeout_s):
+        results = probe_all(region, targets, timeout_s)
+        gone.delete()  # an operator removes the node while the round waits for the fleet
+        return results
+
+    http.probe_all = probe_then_delete
+    result = rounds.probe_round(tel.client, tel.keys, http, "us-east")
+
+    assert result is not None and result.failed == 0
+    assert RTTSample.objects.get(node=kept).ok
+    assert not RTTSample.objects.filter(node_id=gone.pk).exists()
+    table = contract.decode(tel.client.get(tel.keys.live_rtt), RTTTable)
+    assert [entry.node_id for entry in table.entries] == [kept.pk]
