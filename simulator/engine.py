@@ -383,10 +383,14 @@ class Engine:
         request.num_published_blocks = matched_blocks
         if request.num_cached_tokens is None:
             request.num_cached_tokens = hit_tokens
-        self.prefix_queries_tokens += num_tokens
-        self.prefix_hits_tokens += hit_tokens
-        self.metrics.prefix_cache_queries.inc(num_tokens)
-        self.metrics.prefix_cache_hits.inc(hit_tokens)
+        if request.num_preemptions == 0:
+            # As vLLM: a preempted request's second lookup is kept apart (PrefixCacheStats'
+            # preempted_queries/_hits), not in the exported counters, so a hit on its own blocks
+            # does not pass for prefix reuse.
+            self.prefix_queries_tokens += num_tokens
+            self.prefix_hits_tokens += hit_tokens
+            self.metrics.prefix_cache_queries.inc(num_tokens)
+            self.metrics.prefix_cache_hits.inc(hit_tokens)
         return True
 
     def _allocate_slots(self, request: SimRequest, num_new: int) -> bool:
