@@ -640,6 +640,14 @@ class RequestRecord(msgspec.Struct, frozen=True, omit_defaults=True):
         return None
 
 
+# A count of outstanding work in a peer's report: never negative (a negative count would cancel
+# other gateways' real load on its node, which then looks empty to the capacity guard and the queue
+# term), and at most what a float holds exactly (routing costs are floats: an integer past ~1.8e308
+# raised OverflowError in every gorgo decision). A report with any other count is refused whole at
+# decode, like one that does not decode, so a broken peer cannot make the request path pay to check.
+LoadCount = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+
+
 class GatewayLoad(msgspec.Struct, frozen=True):
     """One gateway's outstanding work per node, shared so gateways do not herd."""
 
@@ -647,13 +655,13 @@ class GatewayLoad(msgspec.Struct, frozen=True):
     gateway_id: str
     region: str
     updated_at: float
-    outstanding_requests: dict[int, int]
-    outstanding_prefill_tokens: dict[int, int]
+    outstanding_requests: dict[int, LoadCount]
+    outstanding_prefill_tokens: dict[int, LoadCount]
     # of outstanding_requests, those on nodes in this gateway's own region (gorgo's displacement
     # counts a region's own arrivals); absent from older gateways: read as none
-    home_requests: dict[int, int] = {}
+    home_requests: dict[int, LoadCount] = {}
     # prompt tokens of the outstanding requests (the KV cache they hold until done); absent: none
-    outstanding_context_tokens: dict[int, int] = {}
+    outstanding_context_tokens: dict[int, LoadCount] = {}
 
 
 class NodeKVState(msgspec.Struct, frozen=True):

@@ -12,9 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, generate_latest
 
-from routing.algorithms.base import NodeLoad
+from routing.algorithms import gorgo
+from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
 from routing.cache.approx_index import CHUNK_BYTES, ApproxPrefixIndex
-from routing.contract import SCHEMA_VERSION, GatewayLoad, PrefixUpdate, RedisKeys, encode
+from routing.contract import SCHEMA_VERSION, GatewayLoad, GorgoParams, PrefixUpdate, RedisKeys, encode
 from routing.observability.exporter import StateCollector
 from routing.state import sharing as sharing_module
 from routing.state.inflight import InFlight
@@ -26,6 +27,7 @@ from routing.state.sharing import (
     apply_peer_update,
 )
 from simulator.harness import free_port
+from simulator.snapshots import MODEL, make_node
 
 FAST = dict(prefix_flush_interval_s=0.02, load_interval_s=0.05, read_block_ms=100)
 
@@ -474,3 +476,28 @@ async def test_a_peers_report_age_counts_this_gateways_round_trip_to_redis() -> 
     )
     await sharing._exchange_load_once()
     assert sharing.peer_report_age_s["east"] >= 0.09  # 0.0 before: the age was taken before the call
+
+
+async def test_a_peers_report_with_impossible_counts_is_not_counted(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    """A report whose counts no gateway can have (a broken or hostile peer, a corrupted entry) is
+    left out like one that does not decode. Before, it was summed in: a count past what a float
+    holds (10**400 prefill tokens) raised OverflowError in every gorgo decision over that model on
+    every gateway reading it, and a negative count (-1000 requests) cancelled the real load on its
+    node, which then looked empty to the capacity guard and the queue term."""
+    now_s = time.time()
+    fine = GatewayLoad(SCHEMA_VERSION, "fine", "eu-central", now_s, {3: 2}, {3: 100})
+    huge = GatewayLoad(SCHEMA_VERSION, "huge", "eu-central", now_s, {1: 1}, {1: 10**400})
+    negative = GatewayLoad(SCHEMA_VERSION, "negative", "eu-central", now_s, {2: -1000}, {2: -(10**9)})
+    await client.hset(
+        redis_keys.gateway_load,
+        mapping={"fine": encode(fine), "huge": encode(huge), "negative": encode(negative)},
+    )
+    west = gateway(client, redis_keys, "west")
+    await west._exchange_load_once()
+    assert dict(west.peer_load) == {3: NodeLoad(2, 100)}
+
+    nodes = tuple(make_node(node_id) for node_id in (1, 2, 3))
+    view = RoutingView("us-east", nodes, GorgoParams(), dict(west.peer_load))
+    gorgo.choose(view, RoutingRequest(MODEL, 4_000, 1_000))  # OverflowError before
