@@ -51,6 +51,26 @@ _MIN_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 5.0
 _PUBSUB_POLL_S = 0.25  # also how long a shutdown may wait for the listener
 _STARTUP_TIMEOUT_S = 2.0
+# The most sequences (running or waiting) a scrape may say one engine holds. The scrape drops only
+# NaN and infinities, so a broken or hostile /metrics page could say 1e308: gorgo's queue term then
+# overflowed to inf, its displacement took 0 * inf = NaN, and no candidate's cost compared (every
+# decision over the model failed). Past this, or below 0, the figure is unknown, as a failed scrape's.
+MAX_SCRAPED_SEQUENCES = 1_000_000.0
+
+
+def _plausible(state: NodeLiveState) -> NodeLiveState:
+    """``state`` without a sequence count no engine has (``MAX_SCRAPED_SEQUENCES``); its health and
+    its other figures as they are."""
+    running, waiting = state.num_running, state.num_waiting
+    if (running is None or 0.0 <= running <= MAX_SCRAPED_SEQUENCES) and (
+        waiting is None or 0.0 <= waiting <= MAX_SCRAPED_SEQUENCES
+    ):
+        return state
+    return msgspec.structs.replace(
+        state,
+        num_running=running if running is not None and 0.0 <= running <= MAX_SCRAPED_SEQUENCES else None,
+        num_waiting=waiting if waiting is not None and 0.0 <= waiting <= MAX_SCRAPED_SEQUENCES else None,
+    )
 
 
 def make_redis(url: str) -> Redis:
@@ -191,7 +211,7 @@ class PolicyStore:
             except (UnknownSchemaVersion, msgspec.ValidationError, msgspec.DecodeError) as exc:
                 logger.warning("live state: skipping an entry that does not decode (%s)", exc)
                 continue
-            live[state.node_id] = state
+            live[state.node_id] = _plausible(state)
         self._live_read = live
         rtt_ms = self._rtt_ms
         if raw_rtt is not None:

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.exceptions
 
-from routing.algorithms import REGISTRY
+from routing.algorithms import REGISTRY, gorgo
+from routing.algorithms.base import NodeLoad, RoutingRequest, RoutingView
 from routing.config import GatewayConfig
-from routing.contract import SCHEMA_VERSION, NodeLiveState, encode
+from routing.contract import SCHEMA_VERSION, GorgoParams, NodeLiveState, encode
 from routing.state.policy_store import PolicyStore, make_redis
 from tests.routing.support import make_node, make_snapshot, publish
 
@@ -102,3 +103,41 @@ class TestLiveStaleness:
         assert GatewayConfig.from_env({"GORGO_REGION": "us-east"}).live_stale_s == 30.0
         config = GatewayConfig.from_env({"GORGO_REGION": "us-east", "GORGO_LIVE_STALE_S": "12.5"})
         assert config.live_stale_s == 12.5
+
+
+class TestImpossibleLiveFigures:
+    async def test_a_scraped_count_no_engine_has_is_dropped_and_the_health_kept(
+        self, aredis, redis_keys, redis_url
+    ):
+        """A node's /metrics saying 1e308 requests running (a broken or hostile endpoint; the scrape
+        drops only NaN and infinities) reached gorgo, whose queue term overflowed to inf and whose
+        displacement then took 0 * inf = NaN: every decision over the model raised IndexError (no
+        candidate's cost compared). The figure is now unknown, as a failed scrape's; the entry's
+        health still counts, and so does a plausible figure beside it."""
+        clock = Clock()
+        await publish(
+            aredis,
+            redis_keys,
+            make_snapshot(
+                (make_node(1, region="eu-central"), make_node(2, region="eu-central"), make_node(3)),
+                params=GorgoParams(),
+            ),
+        )
+        for node_id, healthy, running in ((1, True, 1e308), (2, True, 7.0), (3, False, -4.0)):
+            state = NodeLiveState(SCHEMA_VERSION, node_id, healthy, clock.now_s, num_running=running)
+            await aredis.hset(redis_keys.live_nodes, str(node_id), encode(state))
+        store = PolicyStore(make_redis(redis_url), redis_keys, "us-east", REGISTRY, clock=clock)
+        _opened.append(store)
+        await store.refresh_live()
+        assert await store.reload_policy()
+        table = store.table
+        assert table is not None
+        assert candidate_ids(store) == [1, 2]  # node 3's unhealthy mark stands
+        assert table.live[1].num_running is None and table.live[2].num_running == 7.0
+        assert table.live[3].num_running is None
+
+        # node 1 alone (node 2 failed here), with requests of eu-central's own outstanding on it
+        view = RoutingView(
+            table.region, table.candidates[MODEL_NAME][:1], table.params, {1: NodeLoad(1, 0, 1)}, live=table.live
+        )
+        assert gorgo.choose(view, RoutingRequest(MODEL_NAME, 400_000, 100_000)).node.id == 1
