@@ -36,7 +36,8 @@ within one block. Tasks are never cancelled mid-command (redis-py can hang when 
 middle of one, see ``routing.background``); only a loop still stuck after the grace period is.
 
 Timestamps are unix seconds (``time.time``), so gateways on different hosts need roughly synced
-clocks (NTP); ``peer_stale_after_s`` tolerates a few hundred milliseconds of skew.
+clocks (NTP); ``peer_stale_after_s`` tolerates a few hundred milliseconds of skew. A prefix update
+stamped after this gateway's now enters its index as of now (``_not_after``).
 """
 
 from __future__ import annotations
@@ -310,15 +311,16 @@ class GatewaySharing:
             return
         if update.gateway_id == self.gateway_id or (oldest_s is not None and update.ts < oldest_s):
             return
+        now_s = self._clock()
         if oldest_s is None:  # live, not the warm start's history
-            apply_peer_update(self._index, self._peers, update)
-            delay_s = max(self._clock() - update.ts, 0.0)
+            apply_peer_update(self._index, self._peers, update, now_s)
+            delay_s = max(now_s - update.ts, 0.0)
             previous = self.peer_update_delay_s.get(update.gateway_id)
             self.peer_update_delay_s[update.gateway_id] = (
                 delay_s if previous is None else previous + PEER_DELAY_SMOOTHING * (delay_s - previous)
             )
         else:
-            self._index.apply_remote(update)
+            self._index.apply_remote(_not_after(update, now_s))
         self.updates_applied += 1
 
     # ---- load ---------------------------------------------------------------------------------
@@ -442,14 +444,28 @@ class PeerLoad:
         return load
 
 
-def apply_peer_update(index: SharedIndex, peers: PeerLoad, update: PrefixUpdate) -> None:
+def apply_peer_update(
+    index: SharedIndex, peers: PeerLoad, update: PrefixUpdate, now_s: float | None = None
+) -> None:
     """Apply a peer's live update to ``index`` and claim its work in ``peers``: the prefill is the
-    update's chunks ``index`` did not yet place on the node (what a miss there would compute)."""
+    update's chunks ``index`` did not yet place on the node (what a miss there would compute).
+    ``now_s``: this gateway's clock; the index takes an update stamped later as of now
+    (``_not_after``), the claim keeps the peer's stamp (its reports are on the peer's clock too)."""
     node_id = update.node_id
-    placed = index.match_hashes(update.chunk_hashes, (node_id,), update.ts).get(node_id, 0)
+    indexed = update if now_s is None else _not_after(update, now_s)
+    placed = index.match_hashes(update.chunk_hashes, (node_id,), indexed.ts).get(node_id, 0)
     prefill_tokens = max(0, round(len(update.chunk_hashes) * index.chunk_tokens) - placed)
-    index.apply_remote(update)
+    index.apply_remote(indexed)
     peers.claim(update, prefill_tokens)
+
+
+def _not_after(update: PrefixUpdate, now_s: float) -> PrefixUpdate:
+    """``update`` stamped no later than ``now_s``. The index expires a node's entries older than its
+    newest stamp less the TTL, so a peer whose clock runs ahead by more than the TTL emptied this
+    gateway's index of that node on every update (and its own entries outlived the TTL by its skew)."""
+    if update.ts <= now_s:
+        return update
+    return msgspec.structs.replace(update, ts=now_s)
 
 
 def build_updates(

@@ -501,3 +501,32 @@ async def test_a_peers_report_with_impossible_counts_is_not_counted(
     nodes = tuple(make_node(node_id) for node_id in (1, 2, 3))
     view = RoutingView("us-east", nodes, GorgoParams(), dict(west.peer_load))
     gorgo.choose(view, RoutingRequest(MODEL, 4_000, 1_000))  # OverflowError before
+
+
+def test_a_peer_whose_clock_is_ahead_does_not_empty_this_gateways_index() -> None:
+    """A peer's update is applied at its own time stamp, and the index expires a node's entries
+    older than the newest time less the TTL. A peer whose clock ran 20 minutes ahead (no NTP on
+    its host; the TTL is 10) thus made every gateway reading it forget everything else it knew of
+    that node: a warm node priced as a miss, the hot-prefix and miss-snowball guards working on
+    nothing. Its entries also outlived the TTL by its skew. An update stamped after this
+    gateway's now is applied as arriving now."""
+    now_s = 1_700_000_000.0
+    index = ApproxPrefixIndex(chars_per_token=4.0, clock=lambda: now_s)
+    sharing = GatewaySharing(
+        None,  # type: ignore[arg-type]  # applying a stream entry needs no Redis
+        RedisKeys(prefix="unused"),
+        gateway_id="west",
+        region="us-east",
+        index=index,
+        load_source=no_load,
+        clock=lambda: now_s,
+    )
+    ours, theirs = text("ours", 4), text("theirs", 3)
+    index.insert(1, ours)  # sent by this gateway a moment ago
+    ahead = PrefixUpdate(SCHEMA_VERSION, "east", 1, tuple(index.chunk_hashes(theirs)), now_s + 1_200)
+    sharing._apply_entry({b"g": b"east", b"u": encode(ahead)})
+    assert sharing.updates_applied == 1
+    assert index.match([1], ours) == {1: 4 * CHUNK_BYTES // 4}  # {} before: evicted
+    assert index.match([1], theirs) == {1: 3 * CHUNK_BYTES // 4}
+    later = index.match_hashes(index.chunk_hashes(theirs), [1], now_s + index.ttl_s + 1)
+    assert later == {}  # expires a TTL after it arrived, not after the peer's clock says
