@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -33,6 +34,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     """
 
     groups_joined: tuple[str, ...] = ()
+    # How often an open socket joins its groups again. Redis can lose the membership while the
+    # socket stays open (a FLUSHALL, a failover to an empty replica that kept the connection;
+    # channels_redis also drops it after its ``group_expiry``, a day): the page then got no update
+    # again until it was reloaded, with nothing to say so. A join is one ZADD and one EXPIRE.
+    rejoin_s: float = 10.0
+    _rejoining: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -48,7 +55,17 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_TRY_AGAIN_LATER)
             return
         self.groups_joined = (DASHBOARD_GROUP,)
+        self._rejoining = asyncio.create_task(self._stay_joined(), name="dashboard-rejoin")
         await self.accept()
+
+    async def _stay_joined(self) -> None:
+        while True:
+            await asyncio.sleep(self.rejoin_s)
+            for group in self.groups_joined:
+                try:
+                    await self.channel_layer.group_add(group, self.channel_name)
+                except LAYER_ERRORS:
+                    pass  # Redis away: the layer's receive loop closes the socket (1013)
 
     async def __call__(self, scope, receive, send) -> None:
         # The layer's receive loop runs beside the socket's; when Redis goes away under an open
@@ -61,8 +78,16 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER})
             except Exception:
                 pass
+        finally:
+            self._stop_rejoining()
+
+    def _stop_rejoining(self) -> None:
+        if self._rejoining is not None:
+            self._rejoining.cancel()
+            self._rejoining = None
 
     async def disconnect(self, code: int) -> None:
+        self._stop_rejoining()  # first: a join after the discard below would outlive the socket
         for group in self.groups_joined:
             try:
                 await self.channel_layer.group_discard(group, self.channel_name)

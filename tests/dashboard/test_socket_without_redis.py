@@ -10,10 +10,11 @@ import asyncio
 import shutil
 
 import pytest
+import redis.asyncio
 from channels.layers import get_channel_layer
 from django.test import Client
 
-from controlplane.dashboard.consumers import CLOSE_TRY_AGAIN_LATER
+from controlplane.dashboard.consumers import CLOSE_TRY_AGAIN_LATER, DashboardConsumer
 from telemetry.groups import DASHBOARD_GROUP
 from tests.conftest import ProcessGroup, free_port
 from tests.dashboard.test_consumer import communicator
@@ -83,3 +84,29 @@ async def test_an_open_socket_closes_cleanly_when_redis_goes_away(session_key, p
     assert connected
     await asyncio.to_thread(stop)
     await expect_close(socket, CLOSE_TRY_AGAIN_LATER)
+
+
+async def test_an_open_socket_gets_updates_again_after_redis_lost_its_membership(
+    session_key, private_redis, monkeypatch
+) -> None:
+    """A FLUSHALL (or a failover to an empty replica that keeps the connection, or channels_redis's
+    group_expiry) drops the group's membership under an open socket, which stays open: it must
+    join again by itself, or the page gets no update until it is reloaded."""
+    monkeypatch.setattr(DashboardConsumer, "rejoin_s", 0.2, raising=False)
+    socket = communicator(session_key)
+    connected, _ = await socket.connect()
+    assert connected
+    layer = get_channel_layer()
+    server = redis.asyncio.Redis.from_url(layer.hosts[0]["address"])
+    await server.flushall()
+    # Bounded wait for a membership to be written again (never, before: the socket stayed a member
+    # of nothing); receive_output cancels the application on a timeout, so it is not polled.
+    for _ in range(100):
+        if await server.keys("*group*"):
+            break
+        await asyncio.sleep(0.1)
+    await server.aclose()
+
+    await layer.group_send(DASHBOARD_GROUP, {"type": "telemetry.health", "node_id": 1})
+    assert (await socket.receive_json_from(timeout_s=5))["type"] == "telemetry.health"
+    await socket.disconnect()
