@@ -95,8 +95,14 @@ def settle(
 ) -> list[health.Transition]:
     """The end of every round: decide health, write live state once, announce it at most once.
 
-    ``patches`` are the round's own live fields; the health transitions' ``healthy`` flips are
-    merged into them so each node's document is written once. The write is announced when
+    ``patches`` are the round's own live fields, one per node the round checked (empty for a failed
+    check); the health transitions' ``healthy`` flips are merged into them so each node's document
+    is written once. Every checked node's entry is written, failed or not: its ``updated_at`` is
+    what keeps its health mark in the gateways' view (they ignore an entry older than
+    ``GORGO_LIVE_STALE_S``), and a Redis that lost the entry gets it back from the database's
+    health (``healthy_default``). Before, a node that kept failing after its transition was
+    written no more: 30 s later, or at once after Redis restarted empty, every gateway routed to
+    it as unmeasured for as long as it stayed down. The write is announced when
     ``announce`` says the round changed something the gateways route on, or when health changed.
     Each transition is then pushed to the dashboard; the round pushes its own update after this.
     """
@@ -161,7 +167,8 @@ def probe_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP, region_slu
         keys,
         CheckChoices.PROBE,
         [health.Outcome(r.node_id, r.ok, r.error) for r in results],
-        {r.node_id: {"last_probe_at": r.started_at} for r in results if r.ok},
+        # A failed probe refreshes the node's entry too (``settle``): its health mark stays fresh.
+        {r.node_id: {"last_probe_at": r.started_at} if r.ok else {} for r in results},
         healthy_default=healthy_defaults(node_ids),
         announce=False,  # unless health changed: the RTT table, announced already, is what moved
     )
@@ -240,6 +247,7 @@ def scrape_round(client: redis.Redis, keys: RedisKeys, http: NodeHTTP) -> Scrape
             cells.append(
                 NodeCell(node_id=fetch.node_id, healthy=defaults[fetch.node_id], scrape_ok=False, error=error)
             )
+            patches[fetch.node_id] = {}  # refreshes its entry and health mark (``settle``)
             continue
         sample = sample_from_interval(fetch.node_id, ts, interval)
         samples.append(sample)

@@ -101,6 +101,38 @@ def test_repeated_scrape_failures_make_the_node_unhealthy_and_recovery_clears_th
     assert live(tel, node).healthy is True
 
 
+def test_an_unhealthy_node_is_marked_again_in_a_redis_that_lost_everything(tel, http, stubs):
+    """Redis restarted empty (or failed over to an empty replica): a node telemetry knows is
+    unhealthy and that keeps failing must get its mark back with the next round. Only transitions
+    wrote ``healthy`` and a failed check wrote nothing, so the node stayed without a live entry,
+    which the gateways route to as healthy, for as long as it stayed down."""
+    node = make_node("use-1", make_regions("us-east")["us-east"], stubs(metrics="garbage garbage").url)
+    for _ in range(3):
+        rounds.scrape_round(tel.client, tel.keys, http)
+    assert live(tel, node).healthy is False
+
+    tel.client.delete(*tel.client.keys(f"{tel.keys.prefix}:*"))  # this test's namespace only
+    rounds.scrape_round(tel.client, tel.keys, http)
+
+    state = live(tel, node)
+    assert state.healthy is False and state.updated_at >= time.time() - 60
+
+
+def test_a_failing_unhealthy_nodes_mark_stays_fresh(tel, http, stubs):
+    """The gateways drop a live entry older than GORGO_LIVE_STALE_S (30 s) and route to the node
+    as unmeasured, so each round must refresh the entry of a node it found still failing."""
+    node = make_node("use-1", make_regions("us-east")["us-east"], stubs(metrics="garbage garbage").url)
+    for _ in range(3):
+        rounds.scrape_round(tel.client, tel.keys, http)
+    marked_at = live(tel, node).updated_at
+    time.sleep(0.01)
+
+    rounds.scrape_round(tel.client, tel.keys, http)
+
+    state = live(tel, node)
+    assert state.healthy is False and state.updated_at > marked_at
+
+
 def test_an_unreachable_node_is_a_failed_scrape(tel, http):
     node = make_node("use-1", make_regions("us-east")["us-east"], f"http://127.0.0.1:{free_port()}")
 

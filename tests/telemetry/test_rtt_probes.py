@@ -106,6 +106,21 @@ def test_a_probe_round_keeps_other_regions_entries(tel, http, stubs):
     assert {(e.region, e.node_id) for e in table.entries} == {("us-east", node.pk), ("eu-central", node.pk)}
 
 
+def test_a_dead_nodes_mark_comes_back_in_a_redis_that_lost_everything(tel, http):
+    """Redis restarted empty: the next probe round that finds the node still down writes its
+    entry again, unhealthy as the database says (before, only a transition wrote it, so the
+    gateways routed to the dead node as unmeasured for as long as it stayed down)."""
+    node = make_node("use-1", make_regions("us-east")["us-east"], f"http://127.0.0.1:{free_port()}")
+    for _ in range(3):
+        rounds.probe_round(tel.client, tel.keys, http, "us-east")
+    tel.client.delete(*tel.client.keys(f"{tel.keys.prefix}:*"))  # this test's namespace only
+
+    rounds.probe_round(tel.client, tel.keys, http, "us-east")
+
+    raw = tel.client.hget(tel.keys.live_nodes, str(node.pk))
+    assert raw is not None and contract.decode(raw, contract.NodeLiveState).healthy is False
+
+
 def test_a_probe_round_for_a_removed_region_does_nothing(tel, http):
     assert rounds.probe_round(tel.client, tel.keys, http, "atlantis") is None
     assert tel.client.get(tel.keys.live_rtt) is None
