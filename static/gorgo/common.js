@@ -132,6 +132,9 @@
   }
 
   const toDate = (seconds) => new Date(seconds * 1000);
+  // Plotly renders trace names, tick labels and hover text as (limited) HTML and fills in %{...}:
+  // text typed by operators (policy, key and team names) goes through this first.
+  const escapeHTML = (text) => String(text).replace(/[&<>"'%]/g, (c) => `&#${c.charCodeAt(0)};`);
 
   // ---------------------------------------------------------------- data
   async function getJSON(url, params) {
@@ -243,7 +246,7 @@
 
   window.Gorgo = {
     page, COMPONENTS, REGION_PALETTE, regionColor, nodeStyle, latencyColor, nodesById, paintRegionDots,
-    fmt, layout, timeAxis, valueAxis, plot, setEmpty, toDate, getJSON, throttle, live, socketState,
+    fmt, layout, timeAxis, valueAxis, plot, setEmpty, toDate, escapeHTML, getJSON, throttle, live, socketState,
     windowPicker,
   };
 })();

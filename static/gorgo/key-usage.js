@@ -11,7 +11,7 @@
   const windowLabel = () => G.page.windows[state.window].label;
   const teamLabel = (team) => team || "(no team)";
   // Key names are typed by operators and Plotly renders tick labels as (limited) HTML.
-  const escapeHTML = (text) => text.replace(/[&<>"'%]/g, (c) => `&#${c.charCodeAt(0)};`);
+  const escapeHTML = G.escapeHTML;
   const teamHTML = (team) => escapeHTML(teamLabel(team));
 
   function teamColors() {

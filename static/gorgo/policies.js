@@ -59,15 +59,30 @@
     };
 
     function render(result) {
-      const label = (s) => s.key === "live" ? `live v${result.live_version} ${result.live_policy} (replayed)` : s.label;
+      // The live policy's name is typed by an operator: text in the table, escaped for Plotly.
+      const text = (s) => s.key === "live" ? `live v${result.live_version} ${result.live_policy} (replayed)` : s.label;
+      const label = (s) => G.escapeHTML(text(s));
       const rows = SERIES.map((s) => {
         const d = result[s.key];
-        return `<tr data-series="${s.key}"><td><span class="swatch" style="background:${s.color}"></span>${label(s)}</td>` +
-          `<td class="num mono">${G.fmt.ms(d.p50_ms)}</td><td class="num mono">${G.fmt.ms(d.p90_ms)}</td>` +
-          `<td class="num mono">${G.fmt.ms(d.p99_ms)}</td><td class="num">${d.count}</td>` +
-          `<td class="num">${d.cross_region_share === null ? "—" : G.fmt.pct(d.cross_region_share, 0) + " %"}</td></tr>`;
+        const row = document.createElement("tr");
+        row.dataset.series = s.key;
+        const name = row.insertCell();
+        const swatch = document.createElement("span");
+        swatch.className = "swatch";
+        swatch.style.background = s.color;
+        name.append(swatch, text(s));
+        const cells = [
+          [G.fmt.ms(d.p50_ms), "num mono"], [G.fmt.ms(d.p90_ms), "num mono"], [G.fmt.ms(d.p99_ms), "num mono"],
+          [String(d.count), "num"], [d.cross_region_share === null ? "—" : G.fmt.pct(d.cross_region_share, 0) + " %", "num"],
+        ];
+        for (const [value, className] of cells) {
+          const td = row.insertCell();
+          td.className = className;
+          td.textContent = value;
+        }
+        return row;
       });
-      table.querySelector("tbody").innerHTML = rows.join("");
+      table.querySelector("tbody").replaceChildren(...rows);
       table.hidden = false;
       const cdf = SERIES.map((s) => ({
         type: "scatter", mode: "lines", name: label(s),

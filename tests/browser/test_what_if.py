@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import OPERATOR, DashboardServer, seeded_server
+from tests.browser.conftest import OPERATOR, VIEWER, DashboardServer, seeded_server
 from tests.browser.test_dashboard import Session
 
 pytestmark = pytest.mark.browser
@@ -49,6 +49,36 @@ def test_it_replays_the_window_and_shows_the_live_and_the_draft_distribution(
     assert "(replayed)" in traces[1][0] and traces[2][0] == "this policy (replayed)"
     session.shot(artifacts, "policy-what-if")
     session.close()
+
+
+HOSTILE_NAME = 'default <img src=x onerror="window.pwned=1">'
+
+
+def test_a_policy_named_with_html_is_shown_as_text_in_the_replay_table(
+    browser, what_if_server: DashboardServer
+) -> None:
+    # Policy names are free text typed by operators; the table names the live policy by its name.
+    # Any signed-in user may run a replay, so markup in that name ran in the viewer's browser.
+    rename = "from controlplane.policies.models import RoutingPolicy; RoutingPolicy.objects.filter(is_active=True).update(name={!r})"
+    what_if_server.manage("shell", "-c", rename.format(HOSTILE_NAME))
+    try:
+        session = Session(browser, what_if_server, VIEWER)
+        page = session.page
+        session.open("/policies/")
+        page.click("#policy-table th a")
+        page.fill("#what-if-minutes", "10")
+        page.click("#what-if-run")
+        session.charts_drawn("what-if-cdf")
+        live_row = page.locator('#what-if-table tr[data-series="live"] td').first
+        assert HOSTILE_NAME in live_row.inner_text()
+        assert page.evaluate(
+            "document.querySelector('#what-if-table img') === null && window.pwned === undefined"
+        )
+        legend = page.evaluate("document.getElementById('what-if-cdf').data[1].name")
+        assert HOSTILE_NAME not in legend  # escaped for Plotly, which renders names as HTML
+        session.close()
+    finally:
+        what_if_server.manage("shell", "-c", rename.format("default"))
 
 
 def test_it_says_so_when_the_window_holds_no_traffic(browser, what_if_server: DashboardServer) -> None:
