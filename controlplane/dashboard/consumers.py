@@ -94,8 +94,13 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             except LAYER_ERRORS:
                 pass  # the membership expires in Redis by itself (channels_redis group_expiry)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        return None  # the page only listens
+    async def receive(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
+    ) -> None:
+        # The page only listens. Not decoded: the JSON consumer's own receive raises on a frame that
+        # is not JSON text, which killed the socket without leaving the group (it stayed a member
+        # for channels_redis' group_expiry, a day), so anyone signed in could pile up members.
+        return None
 
     async def telemetry_rtt(self, event: dict[str, Any]) -> None:
         """A region finished a probe round: RTT from it to every node."""

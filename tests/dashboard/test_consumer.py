@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -109,6 +110,35 @@ async def test_it_leaves_the_group_on_disconnect(session_key: str, settings, red
         socket = communicator(session_key)
         await socket.connect()
         assert await conn.zcard(group_key) == before + 1
+        await socket.disconnect()
+        assert await conn.zcard(group_key) == before
+    finally:
+        await conn.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "frame", [{"text": "not json"}, {"bytes": b"\x00\x01"}, {"text": '{"type": "telemetry.rtt"}'}]
+)
+async def test_it_ignores_what_the_browser_sends(
+    session_key: str, settings, redis_url: str, frame: dict
+) -> None:
+    # The page only listens. A frame that is not JSON (or not text) made the consumer raise: the
+    # socket died with a traceback and, never disconnected, stayed in the group for a day
+    # (channels_redis' group_expiry), so any signed-in user could pile up members every push visits.
+    group_key = f"{settings.CHANNEL_LAYERS['default']['CONFIG']['prefix']}:group:{DASHBOARD_GROUP}"
+    # A layer of this test's own (channels resets it when the setting changes): one left by an
+    # earlier test holds locks of that test's event loop.
+    settings.CHANNEL_LAYERS = copy.deepcopy(settings.CHANNEL_LAYERS)
+    conn = aioredis.Redis.from_url(redis_url)
+    try:
+        before = await conn.zcard(group_key)
+        socket = communicator(session_key)
+        assert (await socket.connect())[0]
+        await socket.send_input({"type": "websocket.receive", **frame})
+        health = {"type": "telemetry.health", "ts": time.time(), "node_id": 3, "current": "healthy"}
+        await get_channel_layer().group_send(DASHBOARD_GROUP, health)
+        assert await socket.receive_json_from(timeout_s=3) == health  # still open, still fed
         await socket.disconnect()
         assert await conn.zcard(group_key) == before
     finally:
