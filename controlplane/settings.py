@@ -118,6 +118,11 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "") or generated_secret_key(VAR_DIR / 
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "http://localhost:8000,http://127.0.0.1:8000")
+# true where the web process is reached over HTTPS (a TLS load balancer, docs/deployment.md): the
+# browser then never sends the session or CSRF cookie over plain HTTP, where anyone on the path could
+# copy it and be signed in. Off by default: `make run` serves http://localhost, where a secure
+# cookie would never come back and nobody could sign in.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = envbool("GORGO_SECURE_COOKIES", False)
 
 try:
     DATABASES = {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
+
 from django.contrib.auth.models import Group
 
 from controlplane.accounts import OPERATORS, VIEWERS, sync_groups
@@ -47,3 +50,21 @@ def test_it_makes_the_groups_in_a_migration(db) -> None:
     # The test database is built by the migrations; no call to sync_groups here.
     assert Group.objects.get(name=OPERATORS).permissions.filter(codename="publish_routingpolicy").exists()
     assert Group.objects.get(name=VIEWERS).permissions.filter(codename="view_node").exists()
+
+
+def _settings_with(monkeypatch, **env: str) -> dict:
+    """controlplane/settings.py as a process started with ``env`` would read it."""
+    monkeypatch.setenv("SECRET_KEY", "k" * 50)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return runpy.run_path(str(Path(__file__).resolve().parents[2] / "controlplane" / "settings.py"))
+
+
+def test_it_marks_the_session_and_csrf_cookies_secure_when_served_over_https(monkeypatch) -> None:
+    # Behind the HTTPS load balancer of docs/deployment.md the session cookie must never travel
+    # over plain HTTP (a typed http:// address, a redirect on port 80): a sniffer would sign in.
+    monkeypatch.delenv("GORGO_SECURE_COOKIES", raising=False)
+    plain = _settings_with(monkeypatch)
+    assert (plain["SESSION_COOKIE_SECURE"], plain["CSRF_COOKIE_SECURE"]) == (False, False)  # make run: http
+    https = _settings_with(monkeypatch, GORGO_SECURE_COOKIES="true")
+    assert (https["SESSION_COOKIE_SECURE"], https["CSRF_COOKIE_SECURE"]) == (True, True)
