@@ -138,6 +138,10 @@ class TestImpossibleLiveFigures:
 
         # node 1 alone (node 2 failed here), with requests of eu-central's own outstanding on it
         view = RoutingView(
-            table.region, table.candidates[MODEL_NAME][:1], table.params, {1: NodeLoad(1, 0, 1)}, live=table.live
+            table.region,
+            table.candidates[MODEL_NAME][:1],
+            table.params,
+            {1: NodeLoad(1, 0, 1)},
+            live=table.live,
         )
         assert gorgo.choose(view, RoutingRequest(MODEL_NAME, 400_000, 100_000)).node.id == 1
