@@ -105,6 +105,9 @@ def _client_left(exchange: Exchange, task: asyncio.Task[None]) -> None:
         task.cancel()
 
 
+# Waits in the admission queue for one request: one, and again only when the node it was granted
+# stopped being eligible meanwhile (a drain, a new policy, an open breaker).
+_MAX_ADMISSION_WAITS: Final = 3
 _PATHS: Final[dict[str, str]] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -549,11 +552,33 @@ class Proxy:
         admission = self._admission
         if admission is not None:
             with_room = admission.with_room(candidates)
-            if not with_room:
+            waits = 0
+            while not with_room:
+                if waits == _MAX_ADMISSION_WAITS:
+                    raise GatewayError(
+                        503,
+                        f"The eligible nodes for model `{parsed.model}` kept changing while this "
+                        "request waited for room; retry shortly.",
+                        retry_after_s=1,
+                    )
+                waits += 1
                 priority = exchange.key.priority if exchange.key is not None else "interactive"
                 node = await admission.wait(candidates, priority)
                 admission.claim(node.id)  # from here to the retry loop's lease: no await
-                with_room = (node,)
+                # The wait may have lasted seconds: the node may have been drained or removed (a new
+                # policy snapshot) or have failed here (its breaker) meanwhile. Route on the table
+                # and breakers as they are now; a node no longer eligible passes its slot on.
+                current = self._store.table
+                if current is not None and current is not table:
+                    table = exchange.table = current
+                    if endpoint != "embeddings":
+                        exchange.canary_id = exchange.arm = None
+                        route = self._canary_route(table, exchange, parsed.model, session_key or parsed.user)
+                candidates = self._candidates(table, parsed.model, route)
+                with_room = tuple(each for each in candidates if each.id == node.id)
+                if not with_room:
+                    admission.released(node.id)
+                    with_room = admission.with_room(candidates)
             candidates = with_room
         routing_start_s = _perf_counter()
         # The prompt's token ids, when the model has a tokenizer and the policy uses the index

@@ -126,3 +126,28 @@ class TestAdmission:
             assert (await batch).status_code == 503
             await busy
         assert interactive.status_code == 200
+
+    async def test_a_waiter_whose_node_left_the_policy_meanwhile_is_routed_on_the_new_one(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        # The queue granted the waiter the node it was waiting for, and the request went there
+        # with the table it started with: a node removed (drained) while it waited still got it.
+        await one_slot_node(aredis, redis_keys, stubs)
+        config = gateway_config(redis_keys, redis_url, auth="on", admission_factor=1.0, queue_max_wait_s=10)
+        async with running_gateway(config) as gateway:
+            post = gateway.http.post
+            busy = asyncio.create_task(
+                post("/v1/chat/completions", json=body("busy", 0.5), headers=auth(BATCH))
+            )
+            await wait_for(lambda: gateway.app.runtime.inflight.outstanding(1) == 1)
+            waiting = asyncio.create_task(
+                post("/v1/chat/completions", json=body("waiting"), headers=auth(INTERACTIVE))
+            )
+            await wait_for(lambda: sum(gateway.app.runtime.proxy._admission.lengths().values()) == 1)
+            replacement = msgspec.structs.replace(make_node(2, stubs[1].url, name="gpu-b"), max_num_seqs=1)
+            await publish(aredis, redis_keys, make_snapshot((replacement,), version=2))
+            await wait_for(lambda: gateway.app.runtime.store.table.version == 2)
+            answer = await waiting
+            await busy
+        assert answer.status_code == 200 and answer.headers["x-gorgo-node"] == "gpu-b"
+        assert [seen.body["messages"][0]["content"] for seen in stubs[0].seen] == ["busy"]
