@@ -70,10 +70,12 @@ def parse_body(endpoint: Endpoint, body: bytes) -> ParsedRequest:
             )
     except msgspec.ValidationError as exc:
         raise BodyError(_describe_validation(exc), _param_of(exc)) from None
-    except msgspec.DecodeError:
+    except msgspec.DecodeError as exc:
+        if "UTF-8" in str(exc):  # msgspec 0.23 and later check strings as they decode them
+            raise BodyError("The request body is not valid UTF-8 JSON.", _param_of_bad_utf8(body)) from None
         raise BodyError("The request body is not valid JSON.") from None
     except UnicodeDecodeError:
-        # msgspec hands back strings it has not checked; the first use of a non-UTF-8 one fails.
+        # msgspec before 0.23 hands back strings it has not checked; the first use of a non-UTF-8 one fails.
         raise BodyError("The request body is not valid UTF-8 JSON.", _param_of_bad_utf8(body)) from None
     except RecursionError:
         raise BodyError("The request body nests JSON too deeply.") from None
