@@ -41,16 +41,14 @@ logger = logging.getLogger("routing.ratelimit")
 
 _WINDOW_MS: Final = 60_000  # limits are per minute
 
-# KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
-# extra requests and extra tokens to lease for the gateway's next requests (only what is there).
-# Returns {allowed, reason (0 none, 1 requests, 2 tokens), requests left, ms to full, tokens left,
-# ms to full, ms until the request could pass, extra requests leased, extra tokens leased}.
-_CHECK = """
+# Both bucket scripts start here: Redis's clock (gateways' clocks may be skewed), ARGV[1] and ARGV[2]
+# the key's requests/min and tokens/min (0: unlimited), and each bucket refilled to now (``r``,
+# ``t``; a missing bucket is full).
+_LEVELS = """
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 local rpm = tonumber(ARGV[1])
 local tpm = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
 local state = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
 local function level(limit, value, at)
   if limit <= 0 then return 0 end
@@ -59,6 +57,16 @@ local function level(limit, value, at)
 end
 local r = level(rpm, state[1], state[2])
 local t = level(tpm, state[3], state[4])
+"""
+
+# KEYS[1]: the key's bucket hash. ARGV: requests/min, tokens/min (0: unlimited), tokens to charge,
+# extra requests and extra tokens to lease for the gateway's next requests (only what is there).
+# Returns {allowed, reason (0 none, 1 requests, 2 tokens), requests left, ms to full, tokens left,
+# ms to full, ms until the request could pass, extra requests leased, extra tokens leased}.
+_CHECK = (
+    _LEVELS
+    + """
+local cost = tonumber(ARGV[3])
 if tpm > 0 and cost > tpm then cost = tpm end
 local reason = 0
 local wait = 0
@@ -93,6 +101,7 @@ if rpm > 0 then r_reset = (rpm - r) * 60000 / rpm end
 if tpm > 0 then t_reset = (tpm - t) * 60000 / tpm end
 return {reason == 0 and 1 or 0, reason, math.floor(r), math.ceil(r_reset), math.floor(t), math.ceil(t_reset), math.ceil(wait), extra_r, extra_t}
 """
+)
 
 # KEYS[1]: the bucket hash. ARGV: tokens/min, tokens to give back (negative: to take).
 _SETTLE = """
@@ -107,23 +116,16 @@ return 1
 # KEYS[1]: the bucket hash. ARGV: requests/min, tokens/min, requests and tokens to take: what a
 # gateway admitted on its own counts while Redis was unreachable, charged once it answers again.
 # A bucket goes no lower than a minute's debt; a missing (expired) one starts full.
-_CHARGE = """
-local now_parts = redis.call('TIME')
-local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
-local rpm = tonumber(ARGV[1])
-local tpm = tonumber(ARGV[2])
-local state = redis.call('HMGET', KEYS[1], 'r', 'rt', 't', 'tt')
-local function level(limit, value, at)
-  if limit <= 0 then return 0 end
-  if not value then return limit end
-  return math.min(limit, tonumber(value) + (now - tonumber(at)) * limit / 60000)
-end
-local r = math.max(-rpm, level(rpm, state[1], state[2]) - tonumber(ARGV[3]))
-local t = math.max(-tpm, level(tpm, state[3], state[4]) - tonumber(ARGV[4]))
+_CHARGE = (
+    _LEVELS
+    + """
+r = math.max(-rpm, r - tonumber(ARGV[3]))
+t = math.max(-tpm, t - tonumber(ARGV[4]))
 redis.call('HSET', KEYS[1], 'r', tostring(r), 'rt', now, 't', tostring(t), 'tt', now)
 redis.call('PEXPIRE', KEYS[1], 120000)
 return 1
 """
+)
 
 REQUESTS: Final = "requests"
 TOKENS: Final = "tokens"
