@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from simulator.engine import Engine, SimRequest
 from simulator.fleet import Fleet
-from simulator.topology import Topology, parse_topology
+from simulator.metrics import NodeMetrics
+from simulator.topology import EngineParams, Topology, parse_topology
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FAR_RTT_MS = 200.0
@@ -82,3 +85,42 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 def chat_body(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def bare_engine(kv_capacity_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> Engine:
+    """One emulated engine without HTTP, started: 16-token blocks, prefill next to instant, 0.5 ms
+    steps (for the scheduler's and the KV cache's bookkeeping, not for timing)."""
+    params = EngineParams(
+        max_model_len=max_model_len,
+        kv_capacity_blocks=kv_capacity_blocks,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefill_tokens_per_s=1_000_000.0,
+        decode_step_base_ms=0.5,
+        decode_per_seq_ms=0.0,
+    )
+    metrics = NodeMetrics("m", max_model_len=max_model_len, block_size=16, num_gpu_blocks=kv_capacity_blocks)
+    engine = Engine(params, metrics)
+    engine.start()
+    return engine
+
+
+async def run_to_end(
+    engine: Engine, requests: list[SimRequest], timeout_s: float = 20.0
+) -> list[tuple[int, str]]:
+    """Read every request's events until it finishes, then stop ``engine``: per request, how many
+    events it sent and its finish reason."""
+
+    async def drain(request: SimRequest) -> tuple[int, str]:
+        count = 0
+        while True:
+            event = await request.channel.get()
+            count += 1
+            if event.finish_reason is not None:
+                return count, event.finish_reason
+
+    try:
+        return await asyncio.wait_for(asyncio.gather(*(drain(r) for r in requests)), timeout=timeout_s)
+    finally:
+        await engine.stop()

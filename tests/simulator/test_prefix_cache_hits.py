@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import httpx
 
-from simulator.engine import Engine, EngineParams
 from simulator.kv_cache import KVBlockPool, extend_block_hashes
-from simulator.metrics import NodeMetrics
 from simulator.text import text_of_tokens
-from tests.simulator.conftest import FleetFactory, chat_body
+from tests.simulator.conftest import FleetFactory, bare_engine, chat_body, run_to_end
 from tests.simulator.test_metrics_exposition import key, scrape
 
 
@@ -154,28 +151,9 @@ async def test_a_request_scheduled_in_the_same_step_hits_the_blocks_the_first_is
     # vLLM caches a block when the step that computes it is scheduled (kv_cache_manager.py,
     # allocate_slots -> cache_blocks), so a request scheduled after it in the same step hits it.
     # The emulator cached blocks when the step ended: both computed the whole prompt.
-    params = EngineParams(
-        max_model_len=256,
-        kv_capacity_blocks=64,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=1024,
-        prefill_tokens_per_s=1_000_000.0,
-        decode_step_base_ms=0.5,
-        decode_per_seq_ms=0.0,
-    )
-    engine = Engine(params, NodeMetrics("m", max_model_len=256, block_size=16, num_gpu_blocks=64))
-    engine.start()
-    try:
-        prompt = list(range(1, 65))  # 4 full blocks; at most 3 can be hits (the last token is computed)
-        first = engine.add_request("a", prompt, max_tokens=2, ignore_eos=True)
-        second = engine.add_request("b", prompt, max_tokens=2, ignore_eos=True)
-
-        async def drain(request) -> None:  # type: ignore[no-untyped-def]
-            while (await request.channel.get()).finish_reason is None:
-                pass
-
-        await asyncio.wait_for(asyncio.gather(drain(first), drain(second)), timeout=10)
-    finally:
-        await engine.stop()
+    engine = bare_engine(kv_capacity_blocks=64, max_model_len=256, max_num_batched_tokens=1024)
+    prompt = list(range(1, 65))  # 4 full blocks; at most 3 can be hits (the last token is computed)
+    first = engine.add_request("a", prompt, max_tokens=2, ignore_eos=True)
+    second = engine.add_request("b", prompt, max_tokens=2, ignore_eos=True)
+    await run_to_end(engine, [first, second], timeout_s=10)
     assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 48)

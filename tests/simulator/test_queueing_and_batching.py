@@ -7,10 +7,7 @@ import time
 
 import httpx
 
-from simulator.engine import Engine
-from simulator.metrics import NodeMetrics
-from simulator.topology import EngineParams
-from tests.simulator.conftest import FleetFactory, chat_body
+from tests.simulator.conftest import FleetFactory, bare_engine, chat_body, run_to_end
 from tests.simulator.test_metrics_exposition import key, scrape
 
 STEP_MS = 10.0
@@ -70,37 +67,12 @@ async def test_it_batches_concurrent_requests_when_there_is_room(
 
 
 async def test_it_preempts_when_the_kv_cache_runs_out_and_still_finishes_everything() -> None:
-    params = EngineParams(
-        max_model_len=64,
-        kv_capacity_blocks=8,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        prefill_tokens_per_s=1_000_000.0,
-        decode_step_base_ms=0.5,
-        decode_per_seq_ms=0.0,
-    )
-    metrics = NodeMetrics("m", max_model_len=64, block_size=16, num_gpu_blocks=8)
-    engine = Engine(params, metrics)
-    engine.start()
-    try:
-        # Four requests that each grow to 3 blocks cannot all fit in 8 blocks at once.
-        requests = [
-            engine.add_request(f"r{i}", [i + 1] * 17, max_tokens=30, ignore_eos=True) for i in range(4)
-        ]
-
-        async def drain(request) -> int:  # type: ignore[no-untyped-def]
-            count = 0
-            while True:
-                event = await request.channel.get()
-                count += 1
-                if event.finish_reason is not None:
-                    assert event.finish_reason == "length"
-                    return count
-
-        counts = await asyncio.wait_for(asyncio.gather(*(drain(r) for r in requests)), timeout=20)
-    finally:
-        await engine.stop()
+    engine = bare_engine(kv_capacity_blocks=8, max_model_len=64, max_num_batched_tokens=256)
+    # Four requests that each grow to 3 blocks cannot all fit in 8 blocks at once.
+    requests = [engine.add_request(f"r{i}", [i + 1] * 17, max_tokens=30, ignore_eos=True) for i in range(4)]
+    finished = await run_to_end(engine, requests)
+    counts = [count for count, _ in finished]
+    assert all(reason == "length" for _, reason in finished)
     assert counts == [30, 30, 30, 30]
     assert engine.num_preemptions > 0
     assert engine.pool.num_used == 0
@@ -110,33 +82,11 @@ async def test_a_preempted_request_is_not_counted_again_in_the_prefix_cache_coun
     # vLLM 0.32 records a re-admitted preempted request's lookup apart (PrefixCacheStats.record with
     # preempted=True -> preempted_queries/_hits, v1/metrics/stats.py) and exports only the first
     # lookups as vllm:prefix_cache_queries/_hits (PrometheusStatLogger.record, v1/metrics/loggers.py).
-    params = EngineParams(
-        max_model_len=64,
-        kv_capacity_blocks=8,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=256,
-        prefill_tokens_per_s=1_000_000.0,
-        decode_step_base_ms=0.5,
-        decode_per_seq_ms=0.0,
-    )
-    metrics = NodeMetrics("m", max_model_len=64, block_size=16, num_gpu_blocks=8)
-    engine = Engine(params, metrics)
-    engine.start()
-    try:
-        # Four distinct 17-token prompts that each grow to 3 blocks: they cannot all fit in 8 blocks.
-        requests = [
-            engine.add_request(f"r{i}", [i + 1] * 17, max_tokens=30, ignore_eos=True) for i in range(4)
-        ]
-
-        async def drain(request) -> None:  # type: ignore[no-untyped-def]
-            while (await request.channel.get()).finish_reason is None:
-                pass
-
-        await asyncio.wait_for(asyncio.gather(*(drain(r) for r in requests)), timeout=20)
-    finally:
-        await engine.stop()
+    engine = bare_engine(kv_capacity_blocks=8, max_model_len=64, max_num_batched_tokens=256)
+    # Four distinct 17-token prompts that each grow to 3 blocks: they cannot all fit in 8 blocks.
+    requests = [engine.add_request(f"r{i}", [i + 1] * 17, max_tokens=30, ignore_eos=True) for i in range(4)]
+    await run_to_end(engine, requests)
     labels = {"model_name": "m", "engine": "0"}
     assert engine.num_preemptions > 0
-    assert metrics.registry.get_sample_value("vllm:prefix_cache_queries_total", labels) == 4 * 17
-    assert metrics.registry.get_sample_value("vllm:prefix_cache_hits_total", labels) == 0
+    assert engine.metrics.registry.get_sample_value("vllm:prefix_cache_queries_total", labels) == 4 * 17
+    assert engine.metrics.registry.get_sample_value("vllm:prefix_cache_hits_total", labels) == 0
