@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from routing.algorithms import REGISTRY
 from routing.algorithms.base import AlgorithmInfo
-from routing.background import run_bounded
+from routing.background import Flag, run_bounded
 from routing.cache.approx_index import ApproxPrefixIndex
 from routing.cache.kv_aware_index import KVAwareIndex
 from routing.cache.kv_events.collector import KVEventsCollector
@@ -141,7 +141,7 @@ class Gateway:
         self.tokenizers = Tokenizers()
         self.index = KVAwareIndex(self.prefix_index, self.kv_events)
         self._background: set[asyncio.Task[None]] = set()
-        self._kv_report_stop = asyncio.Event()
+        self._kv_report_stop = Flag()
         self._kv_report: asyncio.Task[None] | None = None
         # Learned from the nodes' usage reports; the policy's chars_per_token is its prior.
         self.chars_per_token = CharsPerToken(DEFAULT_CHARS_PER_TOKEN)

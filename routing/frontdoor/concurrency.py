@@ -53,7 +53,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from routing.background import sleep_unless, stop_tasks
+from routing.background import Flag, sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
 from routing.frontdoor.ratelimit import RedisBackoff, warm
 
@@ -132,7 +132,7 @@ class ConcurrencyLimiter:
         self.backoff = RedisBackoff(retry_after_s, "concurrency limits")
         self._lease = redis.register_script(_LEASE)
         self.slots: dict[str, _Slots] = {}
-        self._closing = asyncio.Event()
+        self._closing = Flag()
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Task[None] | None = None
         self.fallbacks = 0  # admissions decided by this gateway's own count: Redis unreachable

@@ -20,7 +20,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from routing.background import run_bounded, sleep_unless, stop_tasks
+from routing.background import Flag, run_bounded, sleep_unless, stop_tasks
 from routing.contract import ClientKeySet, ClientKeySpec, RedisKeys, UnknownSchemaVersion, decode
 
 logger = logging.getLogger("routing.keys")
@@ -56,7 +56,7 @@ class KeyStore:
         # only adds to this set; the refresh loop stamps and writes them every ``refresh_s``.
         self.used: set[str] = set()
         self._last_used_pending: dict[str, float] = {}  # key id -> unix seconds, to write
-        self._closing = asyncio.Event()
+        self._closing = Flag()
         self._tasks: list[asyncio.Task[None]] = []
 
     # ---- the request path -----------------------------------------------------------------

@@ -34,7 +34,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from routing.background import sleep_unless, stop_tasks
+from routing.background import Flag, sleep_unless, stop_tasks
 from routing.contract import ClientKeySpec, RedisKeys
 
 logger = logging.getLogger("routing.ratelimit")
@@ -386,7 +386,7 @@ class RateLimiter:
         # (key id, rpm, tpm) -> [requests, tokens] admitted on the local counts while Redis was
         # unreachable, charged to the shared buckets once it answers (``_flush``)
         self._owed: dict[tuple[str, int, int], list[int]] = {}
-        self._closing = asyncio.Event()
+        self._closing = Flag()
         self._task: asyncio.Task[None] | None = None
         self._warming: asyncio.Task[None] | None = None
         self._refills: set[asyncio.Task[None]] = set()  # background lease refills in flight

@@ -30,7 +30,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from routing.background import run_bounded, sleep_unless, stop_tasks
+from routing.background import Flag, run_bounded, sleep_unless, stop_tasks
 from routing.contract import REQUEST_STREAM_FIELD, RedisKeys, RequestRecord
 
 logger = logging.getLogger("routing.requestlog")
@@ -86,7 +86,7 @@ class RequestLog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._xadd_many = redis.register_script(_XADD_MANY_LUA)
         self._task: asyncio.Task[None] | None = None
-        self._closing = asyncio.Event()
+        self._closing = Flag()
         self.written = 0
         self.dropped = 0
 

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from routing.background import sleep_unless, stop_tasks
+from routing.background import Flag, sleep_unless, stop_tasks
 from routing.contract import NodeLiveState
 from routing.deadlines import Deadline, FixedDelay
 from routing.http.upstream import UpstreamClient, UpstreamError, make_target
@@ -48,7 +48,7 @@ class NodeProber:
         self._table = table
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._closing = asyncio.Event()
+        self._closing = Flag()
         self._task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
         self._suspects: dict[int, asyncio.Future[bool]] = {}

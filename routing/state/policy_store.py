@@ -32,7 +32,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from routing.algorithms.base import AlgorithmInfo
-from routing.background import run_bounded, sleep_unless, stop_tasks
+from routing.background import Flag, run_bounded, sleep_unless, stop_tasks
 from routing.contract import (
     NodeLiveState,
     PolicyAnnouncement,
@@ -121,7 +121,7 @@ class PolicyStore:
         self._stale: frozenset[int] = frozenset()  # nodes whose entry is too old (logged once)
         self._rtt_ms: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._closing = asyncio.Event()
+        self._closing = Flag()
 
     # ---- lifecycle ------------------------------------------------------------------------
 

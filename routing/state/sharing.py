@@ -57,7 +57,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from routing.algorithms.base import NodeLoad
-from routing.background import sleep_unless, stop_tasks
+from routing.background import Flag, sleep_unless, stop_tasks
 from routing.contract import (
     PREFIX_STREAM_FIELD,
     PREFIX_STREAM_GATEWAY_FIELD,
@@ -151,7 +151,7 @@ class GatewaySharing:
         self._peers = PeerLoad()
         self._peer_load_at_s = 0.0
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = asyncio.Event()
+        self._stopping = Flag()
         self._own_id = gateway_id.encode()
         self._failing: set[str] = set()
         # How stale each peer's state is here, for /metrics (peer gateway id -> seconds): how late

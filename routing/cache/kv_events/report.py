@@ -7,6 +7,7 @@ import contextlib
 import logging
 from typing import Any
 
+from routing.background import Flag, sleep_unless
 from routing.cache.kv_events.manager import KVEvents
 from routing.contract import RedisKeys, encode
 
@@ -16,15 +17,13 @@ STATE_INTERVAL_S = 2.0  # how often a gateway reports its nodes' modes for the d
 
 
 async def report_kv_state(
-    events: KVEvents, redis: Any, keys: RedisKeys, gateway_id: str, region: str, stop: asyncio.Event
+    events: KVEvents, redis: Any, keys: RedisKeys, gateway_id: str, region: str, stop: Flag
 ) -> None:
     """Every ``STATE_INTERVAL_S``, HSET this gateway's view of ``events`` (best effort; until ``stop``)."""
     failing = False
     reported = False
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), STATE_INTERVAL_S)
-        if stop.is_set() or not (events.subscribers or reported):
+    while not await sleep_unless(stop, STATE_INTERVAL_S):
+        if not (events.subscribers or reported):
             continue  # nothing to report (no node publishes events)
         try:
             async with asyncio.timeout(STATE_INTERVAL_S):
