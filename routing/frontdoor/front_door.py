@@ -156,8 +156,11 @@ class FrontDoor:
             )
         return verdict.headers
 
-    def done(self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int) -> None:
-        """The request is over: free its concurrency slot, settle its tokens, count it."""
+    def done(
+        self, key: ClientKeySpec, grant: Grant | None, usage: Usage | None, status: int, sent: bool = False
+    ) -> None:
+        """The request is over: free its concurrency slot, settle its tokens, count it. ``sent``:
+        it was handed to a node (which then prefilled its prompt, answer or not)."""
         self._metrics.key_request(key.id, key.priority, status)
         if grant is None:
             return
@@ -166,8 +169,12 @@ class FrontDoor:
         if grant.charged_tokens or key.tokens_per_min:
             if usage is not None and usage.prompt_tokens is not None:
                 used = usage.prompt_tokens + (usage.completion_tokens or 0)
-            elif status >= 400 and not grant.served:
-                used = 0  # no node answered it: nothing was generated, give the charge back
+            elif status >= 400 and not grant.served and not (status == 499 and sent):
+                # No node answered it (refused, or a node failed): give the charge back. Not to a
+                # client that hung up after its request reached a node: the node took its prompt
+                # on (vLLM prefills until it sees the abort), and a refund made long prompts cut
+                # before their first token free of a tokens/min limit.
+                used = 0
             else:
                 # A stream without a usage event, or one cut midway (the client left, the node
                 # broke): the estimate plus the events it streamed. (A cut stream was given its

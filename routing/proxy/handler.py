@@ -332,7 +332,9 @@ class Proxy:
             if exchange.lease is not None:
                 exchange.lease.release()
             if exchange.key is not None and self._front_door is not None:
-                self._front_door.done(exchange.key, exchange.grant, exchange.usage, exchange.status)
+                self._front_door.done(
+                    exchange.key, exchange.grant, exchange.usage, exchange.status, exchange.sent_s is not None
+                )
             self._outcome.finish(exchange)
 
     def _new_request_id(self) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
 
-from routing.contract import RedisKeys
+from routing.contract import RedisKeys, RequestRecord, decode
 from routing.frontdoor.concurrency import ConcurrencyLimiter
 from routing.frontdoor.ratelimit import RateLimiter, make_limiter_redis
 from tests.conftest import free_port
@@ -546,6 +547,35 @@ async def test_a_stream_the_client_cuts_midway_keeps_its_token_charge(
         level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
     assert charged_to < 600
     assert level < charged_to + 100, level  # a few seconds' refill, not the ~500 given back
+
+
+async def test_a_client_that_hangs_up_before_the_first_token_keeps_its_prompt_charge(
+    aredis, redis_keys, redis_url, stubs
+) -> None:
+    """A client that sent a long prompt and hung up while the node was still on it (no answer
+    yet: status 499) was given its whole charge back, as for a request no node took: the node
+    prefilled the prompt, and a tokens/min limit never counted it. A request the gateway refused
+    before any node saw it still costs nothing."""
+    await setup(aredis, redis_keys, stubs, tokens_per_min=1000)
+    body = {
+        **BODY,
+        "messages": [{"role": "user", "content": "x" * 2000}],  # ~500 tokens estimated
+        "stub": {"delay_s": 5.0},  # the node is busy with it
+    }
+    async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
+        front_door = gateway.app.runtime.front_door
+        assert front_door is not None
+        call = asyncio.create_task(gateway.http.post("/v1/chat/completions", json=body, headers=AUTH))
+        await wait_for(lambda: stubs[0].seen)  # the node has it
+        call.cancel()  # the client hangs up before any answer
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await wait_for(lambda: aredis.xlen(redis_keys.request_stream))  # done() has run
+        (_, fields), *_ = await aredis.xrange(redis_keys.request_stream)
+        await front_door.limiter._flush()  # the settle loop, at once
+        level = float(await aredis.hget(redis_keys.rate_limit("k1"), "t"))
+    assert decode(fields[b"r"], RequestRecord).status == 499
+    assert level < 1000 - 400, level  # the ~500 prompt tokens stay charged (less a little refill)
 
 
 async def test_a_stream_without_a_usage_event_is_charged_its_completion(
