@@ -10,7 +10,9 @@
   live channel just make it sooner). A node's live entry older than ``live_stale_s`` (by its
   ``updated_at``) is dropped, so the node counts as unmeasured: when the telemetry workers stop,
   an "unhealthy" mark must not exclude a node forever, nor a stale "healthy" keep it in. Ages are
-  computed here, at each refresh (also when Redis is unreachable), never on the request path.
+  computed here, at each refresh (also when Redis is unreachable), never on the request path, and
+  count from when this gateway first read an entry's stamp when that is longer
+  (``routing.state.ages``: a worker whose clock runs ahead stamps entries in our future).
 - Redis errors never reach requests: the last good table stays in use, and the listener
   reconnects with exponential backoff, re-reading everything on reconnect (announcements sent
   while it was away are lost by pub/sub).
@@ -42,6 +44,7 @@ from routing.contract import (
     UnknownSchemaVersion,
     decode,
 )
+from routing.state.ages import EntryAges
 from routing.state.eligibility import rtt_from_region
 from routing.state.table import RoutingTable, UnknownAlgorithm, build_table
 
@@ -118,6 +121,7 @@ class PolicyStore:
         self._snapshot: PolicySnapshot | None = None
         self._live: dict[int, NodeLiveState] = {}  # the fresh entries: what routing sees
         self._live_read: dict[int, NodeLiveState] = {}  # every entry of the last successful read
+        self._live_ages = EntryAges()
         self._stale: frozenset[int] = frozenset()  # nodes whose entry is too old (logged once)
         self._rtt_ms: dict[int, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -213,6 +217,7 @@ class PolicyStore:
                 continue
             live[state.node_id] = _plausible(state)
         self._live_read = live
+        self._live_ages.keep(live)
         rtt_ms = self._rtt_ms
         if raw_rtt is not None:
             try:
@@ -226,8 +231,12 @@ class PolicyStore:
         self._apply_live(self._rtt_ms)
 
     def _apply_live(self, rtt_ms: dict[int, float]) -> None:
-        cutoff_s = self._clock() - self._live_stale_s
-        live = {node_id: state for node_id, state in self._live_read.items() if state.updated_at >= cutoff_s}
+        now_s, stale_s, ages = self._clock(), self._live_stale_s, self._live_ages
+        live = {
+            node_id: state
+            for node_id, state in self._live_read.items()
+            if ages.age_s(node_id, state.updated_at, now_s) <= stale_s
+        }
         stale = frozenset(self._live_read.keys() - live.keys())
         if stale - self._stale:
             logger.warning(

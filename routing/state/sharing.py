@@ -37,7 +37,9 @@ middle of one, see ``routing.background``); only a loop still stuck after the gr
 
 Timestamps are unix seconds (``time.time``), so gateways on different hosts need roughly synced
 clocks (NTP); ``peer_stale_after_s`` tolerates a few hundred milliseconds of skew. A prefix update
-stamped after this gateway's now enters its index as of now (``_not_after``).
+stamped after this gateway's now enters its index as of now (``_not_after``), and reports and
+claims also age from when they arrived here (``routing.state.ages``): a peer whose clock runs ahead
+stops counting ``peer_stale_after_s`` after it stops, not after its skew runs out.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from routing.contract import (
     decode,
     encode,
 )
+from routing.state.ages import EntryAges
 
 log = logging.getLogger("routing.sharing")  # the logger name operators filter on, kept across moves
 
@@ -150,6 +153,7 @@ class GatewaySharing:
         self._peer_load: Mapping[int, NodeLoad] = MappingProxyType({})
         self._peers = PeerLoad()
         self._peer_load_at_s = 0.0
+        self._report_ages = EntryAges()  # each peer's report: aged here too (``routing.state.ages``)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = Flag()
         self._own_id = gateway_id.encode()
@@ -337,6 +341,8 @@ class GatewaySharing:
         now_s = self._clock()
         fresh: list[GatewayLoad] = []
         expired: list[bytes | str] = []
+        ages = self._report_ages
+        fresh_ages: dict[str, float] = {}
         for field, raw in entries.items():
             name = field.decode() if isinstance(field, bytes) else field
             if name == self.gateway_id:
@@ -345,13 +351,17 @@ class GatewaySharing:
                 peer = decode(raw, GatewayLoad)
             except (msgspec.DecodeError, msgspec.ValidationError, UnknownSchemaVersion):
                 continue
-            age_s = now_s - peer.updated_at
+            # From its stamp, or from when that stamp first arrived here if longer: a peer whose
+            # clock runs ahead would otherwise count for as long as it is ahead after it stopped.
+            age_s = ages.age_s(name, peer.updated_at, now_s)
             if age_s > self.peer_stale_after_s:
                 if age_s > PRUNE_AFTER_S:
                     expired.append(field)
                 continue
             fresh.append(peer)
-        self.peer_report_age_s = {peer.gateway_id: max(now_s - peer.updated_at, 0.0) for peer in fresh}
+            fresh_ages[peer.gateway_id] = max(age_s, 0.0)
+        ages.keep(field.decode() if isinstance(field, bytes) else field for field in entries)
+        self.peer_report_age_s = fresh_ages
         for gone in set(self.peer_update_delay_s) - set(self.peer_report_age_s):
             del self.peer_update_delay_s[gone]  # a peer gone stale or away: no figure for it
         if expired:
@@ -388,8 +398,9 @@ class PeerLoad:
     def __init__(self) -> None:
         self._reported: dict[int, NodeLoad] = {}
         self._reported_at: dict[str, float] = {}
-        # (writer, its time of the update, node id, prefill tokens), oldest first
-        self._claims: deque[tuple[str, float, int, int]] = deque(maxlen=CLAIMS_MAX)
+        # (writer, its time of the update, node id, prefill tokens, when it arrived here on this
+        # reader's clock), oldest first
+        self._claims: deque[tuple[str, float, int, int, float]] = deque(maxlen=CLAIMS_MAX)
         self.claims = 0  # claims made so far: a reader republishes the load when it moved
 
     def read_reports(
@@ -408,16 +419,19 @@ class PeerLoad:
             claim
             for claim in self._claims
             if claim[1] > reported_at.get(claim[0], -math.inf)
-            and (claim[0] in reported_at or claim[1] >= oldest_s)
+            # aged by its stamp, or by its arrival here when a writer's clock runs ahead
+            and (claim[0] in reported_at or min(claim[1], claim[4]) >= oldest_s)
         ]
         self._claims.clear()
         self._claims.extend(kept)
 
-    def claim(self, update: PrefixUpdate, prefill_tokens: int) -> None:
-        """A peer's update, read from the stream: one request it sent, unless its report is in."""
+    def claim(self, update: PrefixUpdate, prefill_tokens: int, now_s: float | None = None) -> None:
+        """A peer's update, read from the stream: one request it sent, unless its report is in.
+        ``now_s``: this reader's clock as it arrives (default: the update's own stamp)."""
         if update.ts <= self._reported_at.get(update.gateway_id, -math.inf):
             return
-        self._claims.append((update.gateway_id, update.ts, update.node_id, prefill_tokens))
+        arrived_s = update.ts if now_s is None else now_s
+        self._claims.append((update.gateway_id, update.ts, update.node_id, prefill_tokens, arrived_s))
         self.claims += 1
 
     def load(self) -> dict[int, NodeLoad]:
@@ -426,7 +440,7 @@ class PeerLoad:
         if not self._claims:
             return load
         extra: dict[int, list[int]] = {}
-        for _, _, node_id, tokens in self._claims:
+        for _, _, node_id, tokens, _ in self._claims:
             counts = extra.setdefault(node_id, [0, 0])
             counts[0] += 1
             counts[1] += tokens
@@ -456,7 +470,7 @@ def apply_peer_update(
     placed = index.match_hashes(update.chunk_hashes, (node_id,), indexed.ts).get(node_id, 0)
     prefill_tokens = max(0, round(len(update.chunk_hashes) * index.chunk_tokens) - placed)
     index.apply_remote(indexed)
-    peers.claim(update, prefill_tokens)
+    peers.claim(update, prefill_tokens, now_s)
 
 
 def _not_after(update: PrefixUpdate, now_s: float) -> PrefixUpdate:

@@ -66,6 +66,27 @@ class TestLiveStaleness:
         assert candidate_ids(store) == [2]
         assert store.table is not None and 1 in store.table.live
 
+    async def test_an_unhealthy_mark_stamped_in_the_future_ages_from_when_it_was_read(
+        self, aredis, redis_keys, redis_url
+    ):
+        """A telemetry worker whose clock runs an hour ahead stamps its entries an hour in the
+        gateway's future: when it stopped, its "unhealthy" mark excluded the node for that hour.
+        An entry now also ages from when the gateway first read its stamp."""
+        clock = Clock()
+        await write_live(aredis, redis_keys, 1, healthy=False, updated_at=clock.now_s + 3600)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        assert candidate_ids(store) == [2]
+        clock.now_s += 20
+        await store.refresh_live()
+        assert candidate_ids(store) == [2]  # within the limit of when it was read
+        clock.now_s += 11  # 31 s since that stamp arrived, and it never changed: the worker stopped
+        await store.refresh_live()
+        assert candidate_ids(store) == [1, 2]
+        assert store.table is not None and 1 not in store.table.live
+        await write_live(aredis, redis_keys, 1, healthy=False, updated_at=clock.now_s + 3601)
+        await store.refresh_live()  # it writes again: a new stamp is fresh
+        assert candidate_ids(store) == [2]
+
     async def test_it_ignores_an_unhealthy_mark_once_it_is_older_than_the_limit(
         self, aredis, redis_keys, redis_url
     ):

@@ -419,6 +419,46 @@ def test_the_claims_of_a_peer_that_stopped_reporting_expire_as_its_report_would(
     assert peers.load() == {}
 
 
+def test_the_claims_of_a_peer_whose_clock_runs_ahead_expire_when_it_stops() -> None:
+    """A peer an hour ahead stamps its updates an hour in this reader's future: by their stamps
+    its claims stayed fresh for that hour after it stopped, each counted as load on its node.
+    They now also age from when they arrived here."""
+    index = ApproxPrefixIndex(chars_per_token=4.0)
+    peers = PeerLoad()
+    hashes = tuple(index.chunk_hashes("x" * CHUNK_BYTES * 10))
+    apply_peer_update(index, peers, PrefixUpdate(SCHEMA_VERSION, "ahead", 1, hashes, 100.0 + 3600), 100.0)
+    assert peers.load() == {1: NodeLoad(1, 640, 0, 640)}
+    peers.read_reports([], 102.0, 3.0)  # no report of it; its claim arrived 2 s ago
+    assert peers.load() == {1: NodeLoad(1, 640, 0, 640)}
+    peers.read_reports([], 103.5, 3.0)  # 3.5 s since it arrived: as stale as a report would be
+    assert peers.load() == {}
+
+
+async def test_a_peer_whose_clock_runs_ahead_stops_counting_once_it_stops_reporting(
+    client: aioredis.Redis, redis_keys: RedisKeys
+) -> None:
+    """A peer report stamped an hour in the future (the peer's clock is ahead) never aged: when
+    that gateway died, its last load counted on every other gateway for the hour. A report now
+    also ages from when this gateway first read that stamp."""
+    now = [time.time()]
+    ahead = GatewayLoad(SCHEMA_VERSION, "ahead", "eu-central", now[0] + 3600, {1: 2}, {1: 500})
+    await client.hset(redis_keys.gateway_load, "ahead", encode(ahead))
+    west = gateway(client, redis_keys, "west", clock=lambda: now[0], peer_stale_after_s=3.0)
+    await west._exchange_load_once()
+    assert dict(west.peer_load) == {1: NodeLoad(2, 500)}
+    now[0] += 2.0
+    await west._exchange_load_once()
+    assert 1 in west.peer_load  # not stale yet
+    now[0] += 2.0  # 4 s since its last report changed: it stopped
+    await west._exchange_load_once()
+    assert dict(west.peer_load) == {}
+    assert "ahead" not in west.peer_report_age_s
+    fresh = GatewayLoad(SCHEMA_VERSION, "ahead", "eu-central", now[0] + 3601, {1: 1}, {1: 100})
+    await client.hset(redis_keys.gateway_load, "ahead", encode(fresh))  # it reports again
+    await west._exchange_load_once()
+    assert dict(west.peer_load) == {1: NodeLoad(1, 100)}
+
+
 async def test_a_stopped_peers_claims_leave_the_peer_load(
     client: aioredis.Redis, redis_keys: RedisKeys
 ) -> None:
