@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 
 import redis
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user
 
 from telemetry.groups import DASHBOARD_GROUP
 
@@ -21,6 +26,17 @@ CLOSE_TRY_AGAIN_LATER = 1013
 LAYER_ERRORS = (redis.RedisError, OSError)
 
 log = logging.getLogger(__name__)
+
+
+def _signed_in_user_id(session_key: str | None) -> int | None:
+    """Who the session ``session_key`` signs in now, read afresh from the session store: ``None``
+    once it was logged out (flushed), expired, its user's password changed (the session's auth
+    hash) or the account was deactivated; Django's own check, as for a page request."""
+    if not session_key:
+        return None
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
+    return user.pk if user.is_authenticated else None
 
 
 class DashboardConsumer(AsyncJsonWebsocketConsumer):
@@ -38,6 +54,10 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     # socket stays open (a FLUSHALL, a failover to an empty replica that kept the connection;
     # channels_redis also drops it after its ``group_expiry``, a day): the page then got no update
     # again until it was reloaded, with nothing to say so. A join is one ZADD and one EXPIRE.
+    # Before each join the socket's session is read again: a socket opened before its user logged
+    # out (or the session expired, the password changed, the account was deactivated) kept
+    # receiving the fleet's telemetry for as long as it stayed open; it now closes with
+    # ``CLOSE_UNAUTHENTICATED`` within this period.
     rejoin_s: float = 10.0
     _rejoining: asyncio.Task[None] | None = None
 
@@ -61,11 +81,27 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     async def _stay_joined(self) -> None:
         while True:
             await asyncio.sleep(self.rejoin_s)
+            if not await self._still_signed_in():
+                log.info("dashboard socket closed: its session no longer signs its user in")
+                self._rejoining = None  # this task ends here; disconnect() must not cancel it
+                await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
             for group in self.groups_joined:
                 try:
                     await self.channel_layer.group_add(group, self.channel_name)
                 except LAYER_ERRORS:
                     pass  # Redis away: the layer's receive loop closes the socket (1013)
+
+    async def _still_signed_in(self) -> bool:
+        session, user = self.scope.get("session"), self.scope.get("user")
+        if session is None or user is None:
+            return False
+        try:
+            user_id = await database_sync_to_async(_signed_in_user_id)(session.session_key)
+        except Exception as exc:  # the database away: keep the socket, look again next period
+            log.warning("dashboard socket: cannot re-read its session (%s)", exc)
+            return True
+        return user_id is not None and user_id == user.pk
 
     async def __call__(self, scope, receive, send) -> None:
         # The layer's receive loop runs beside the socket's; when Redis goes away under an open

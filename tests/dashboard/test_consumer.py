@@ -143,3 +143,39 @@ async def test_it_ignores_what_the_browser_sends(
         assert await conn.zcard(group_key) == before
     finally:
         await conn.aclose()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ended_by", ["logout", "deactivation"])
+async def test_it_closes_a_socket_whose_user_is_no_longer_signed_in(
+    operator, settings, monkeypatch, ended_by: str
+) -> None:
+    """A dashboard socket opened before its user logged out (or was deactivated) kept receiving
+    the fleet's live telemetry for as long as it stayed open. It now reads its session again at
+    each rejoin and closes with 4401."""
+    import asyncio
+
+    from controlplane.dashboard.consumers import DashboardConsumer
+
+    monkeypatch.setattr(DashboardConsumer, "rejoin_s", 0.2)
+    settings.CHANNEL_LAYERS = copy.deepcopy(settings.CHANNEL_LAYERS)  # a layer of this test's loop
+    def signed_in() -> Client:
+        browser = Client()
+        browser.force_login(operator.user)
+        return browser
+
+    browser = await sync_to_async(signed_in)()
+    socket = communicator(browser.cookies["sessionid"].value)
+    assert (await socket.connect())[0]
+    await asyncio.sleep(0.5)  # rejoins with the session still good: the socket stays, still fed
+    health = {"type": "telemetry.health", "ts": time.time(), "node_id": 3, "current": "healthy"}
+    await get_channel_layer().group_send(DASHBOARD_GROUP, health)
+    assert await socket.receive_json_from(timeout_s=3) == health
+    if ended_by == "logout":
+        await sync_to_async(browser.logout)()
+    else:
+        operator.user.is_active = False
+        await sync_to_async(operator.user.save)()
+    closing = await socket.receive_output(timeout_s=3)
+    assert closing == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+    await socket.disconnect()
