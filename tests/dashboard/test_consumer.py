@@ -19,11 +19,14 @@ from controlplane.policies.publishing import publish
 from telemetry.groups import DASHBOARD_GROUP, NodeCell, NodesUpdate, RTTCell, RTTUpdate
 from tests.dashboard.websocket import WebsocketCommunicator
 
-ORIGIN = (b"origin", b"http://127.0.0.1")
+ORIGIN = (b"origin", b"http://127.0.0.1:8000")
+HOST = (b"host", b"127.0.0.1:8000")  # the page's own origin, as a browser sends both
 
 
-def communicator(session_key: str | None = None) -> WebsocketCommunicator:
-    headers = [ORIGIN]
+def communicator(
+    session_key: str | None = None, origin: tuple[bytes, bytes] = ORIGIN, host: tuple[bytes, bytes] = HOST
+) -> WebsocketCommunicator:
+    headers = [origin, host]
     if session_key:
         headers.append((b"cookie", f"sessionid={session_key}".encode()))
     return WebsocketCommunicator(application, "/ws/dashboard/", headers=headers)
@@ -159,6 +162,7 @@ async def test_it_closes_a_socket_whose_user_is_no_longer_signed_in(
 
     monkeypatch.setattr(DashboardConsumer, "rejoin_s", 0.2)
     settings.CHANNEL_LAYERS = copy.deepcopy(settings.CHANNEL_LAYERS)  # a layer of this test's loop
+
     def signed_in() -> Client:
         browser = Client()
         browser.force_login(operator.user)
@@ -179,3 +183,30 @@ async def test_it_closes_a_socket_whose_user_is_no_longer_signed_in(
     closing = await socket.receive_output(timeout_s=3)
     assert closing == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
     await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("origin", "host", "accepted"),
+    [
+        (b"http://127.0.0.1:8000", b"127.0.0.1:8000", True),  # the page's own origin
+        (b"https://localhost", b"localhost", True),  # behind a TLS proxy: wss, the same host
+        (b"http://localhost:8000", b"gorgo-app:8000", True),  # a proxy rewrote Host: a trusted origin
+        (b"http://127.0.0.1:3000", b"127.0.0.1:8000", False),  # another port of the same host
+        (b"http://localhost:5173", b"localhost:8000", False),
+        (b"http://evil.example", b"127.0.0.1:8000", False),
+        (b"null", b"127.0.0.1:8000", False),
+    ],
+)
+async def test_it_accepts_sockets_from_the_dashboards_own_origin_only(
+    session_key: str, origin: bytes, host: bytes, accepted: bool
+) -> None:
+    """The origin check compared the Origin's host with ALLOWED_HOSTS and ignored its port: a page
+    on any other port of the same host (cookies are not per port) opened the socket with the
+    operator's session and read the fleet's telemetry. The Origin must now be the Host the
+    handshake went to, or one of CSRF_TRUSTED_ORIGINS."""
+    socket = communicator(session_key, origin=(b"origin", origin), host=(b"host", host))
+    connected, code = await socket.connect()
+    assert connected is accepted, code  # refused: closed before it was accepted (a 403 handshake)
+    if accepted:
+        await socket.disconnect()
