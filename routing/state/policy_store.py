@@ -12,7 +12,9 @@
   an "unhealthy" mark must not exclude a node forever, nor a stale "healthy" keep it in. Ages are
   computed here, at each refresh (also when Redis is unreachable), never on the request path, and
   count from when this gateway first read an entry's stamp when that is longer
-  (``routing.state.ages``: a worker whose clock runs ahead stamps entries in our future).
+  (``routing.state.ages``: a worker whose clock runs ahead stamps entries in our future). An entry
+  whose probes go on while its scrape stopped (``last_scrape_at`` older than ``live_stale_s``)
+  keeps its health and loses its load figures: unknown, not as they were.
 - Redis errors never reach requests: the last good table stays in use, and the listener
   reconnects with exponential backoff, re-reading everything on reconnect (announcements sent
   while it was away are lost by pub/sub).
@@ -73,6 +75,16 @@ def _plausible(state: NodeLiveState) -> NodeLiveState:
         state,
         num_running=running if running is not None and 0.0 <= running <= MAX_SCRAPED_SEQUENCES else None,
         num_waiting=waiting if waiting is not None and 0.0 <= waiting <= MAX_SCRAPED_SEQUENCES else None,
+    )
+
+
+def _unscraped(state: NodeLiveState) -> NodeLiveState:
+    """``state`` with what its scrape measured left out (unknown), its health kept."""
+    measured = (state.num_running, state.num_waiting, state.kv_cache_usage, state.prefix_hit_rate)
+    if all(figure is None for figure in measured):
+        return state
+    return msgspec.structs.replace(
+        state, num_running=None, num_waiting=None, kv_cache_usage=None, prefix_hit_rate=None
     )
 
 
@@ -217,7 +229,7 @@ class PolicyStore:
                 continue
             live[state.node_id] = _plausible(state)
         self._live_read = live
-        self._live_ages.keep(live)
+        self._live_ages.keep([*live, *((node_id, "scrape") for node_id in live)])
         rtt_ms = self._rtt_ms
         if raw_rtt is not None:
             try:
@@ -232,11 +244,17 @@ class PolicyStore:
 
     def _apply_live(self, rtt_ms: dict[int, float]) -> None:
         now_s, stale_s, ages = self._clock(), self._live_stale_s, self._live_ages
-        live = {
-            node_id: state
-            for node_id, state in self._live_read.items()
-            if ages.age_s(node_id, state.updated_at, now_s) <= stale_s
-        }
+        live: dict[int, NodeLiveState] = {}
+        for node_id, state in self._live_read.items():
+            if ages.age_s(node_id, state.updated_at, now_s) > stale_s:
+                continue
+            scraped_at = state.last_scrape_at
+            if scraped_at is not None and ages.age_s((node_id, "scrape"), scraped_at, now_s) > stale_s:
+                # Probes still refresh the entry, but its scrape stopped (the node's /metrics broke,
+                # or the scrape task did): its load figures are that old, and read as current they
+                # priced the node on a queue it no longer has. Unknown instead.
+                state = _unscraped(state)
+            live[node_id] = state
         stale = frozenset(self._live_read.keys() - live.keys())
         if stale - self._stale:
             logger.warning(

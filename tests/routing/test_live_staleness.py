@@ -87,6 +87,42 @@ class TestLiveStaleness:
         await store.refresh_live()  # it writes again: a new stamp is fresh
         assert candidate_ids(store) == [2]
 
+    async def test_load_figures_of_a_scrape_that_stopped_are_unknown_while_probes_go_on(
+        self, aredis, redis_keys, redis_url
+    ):
+        """The probes refresh a node's entry (``updated_at``) every few seconds; its load figures
+        come from the scrape. When the scrape stopped (the node's /metrics broke), the entry stayed
+        fresh and its last load (7 running, 3 waiting) was read as current for as long as the
+        probes went on. Past ``live_stale_s`` since the scrape it is now unknown; health stays."""
+        clock = Clock()
+
+        async def write(scraped_at: float) -> None:
+            state = NodeLiveState(
+                SCHEMA_VERSION,
+                1,
+                True,
+                clock.now_s - 1,  # a probe a second ago
+                num_running=7.0,
+                num_waiting=3.0,
+                kv_cache_usage=0.9,
+                last_scrape_at=scraped_at,
+                last_probe_at=clock.now_s - 1,
+            )
+            await aredis.hset(redis_keys.live_nodes, "1", encode(state))
+
+        await write(scraped_at=clock.now_s - 5)
+        store = await loaded_store(aredis, redis_keys, redis_url, clock, live_stale_s=30.0)
+        assert store.table is not None and store.table.live[1].num_running == 7.0
+        clock.now_s += 40
+        await write(scraped_at=clock.now_s - 45)  # probed since, not scraped for 45 s
+        await store.refresh_live()
+        state = store.table.live[1]
+        assert state.healthy and state.num_running is None and state.num_waiting is None
+        assert state.kv_cache_usage is None
+        await write(scraped_at=clock.now_s - 1)  # the scrape is back
+        await store.refresh_live()
+        assert store.table.live[1].num_running == 7.0
+
     async def test_it_ignores_an_unhealthy_mark_once_it_is_older_than_the_limit(
         self, aredis, redis_keys, redis_url
     ):
