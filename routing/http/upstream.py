@@ -12,7 +12,7 @@ Errors (the proxy's retry and breaker rules key on these):
 - ``Disconnected``: the node closed the connection before or during the response;
 - ``ReadTimeout``: no byte for ``read_timeout_s`` while a response was expected;
 - ``ProtocolError``: bytes that are not an HTTP/1.1 response (a status below 100, a head past
-  ``_MAX_HEAD_BYTES``).
+  ``_MAX_HEAD_BYTES``, or more framing than body after the head: ``_framing_ok``).
 
 Pool: idle connections per origin (scheme, host, port), newest first, closed after
 ``keepalive_s`` idle; one is reused only if its response ended cleanly with keep-alive. Flow
@@ -236,6 +236,11 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.head_bytes = 0  # bytes read while the current response's head is incomplete
+        # After the head: bytes read minus the body bytes they carried (chunk sizes, CRLFs, a
+        # chunked answer's trailer fields), and the body so far; see ``_framing_ok``.
+        self.framing_bytes = 0
+        self.body_bytes = 0
+        self.counting = False  # the bytes being parsed came after the head
         self._content_type = b""
         # The read timeout: one lazy timer per connection. Arming moves a deadline (always
         # later: the timeout is fixed); the timer re-arms itself for the rest when it fires early.
@@ -253,13 +258,19 @@ class _Connection(asyncio.Protocol):
         if response is None:  # bytes nobody asked for: the connection cannot be trusted
             self.abort()
             return
+        counting = self.counting = response.status != 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"invalid response from the node: {exc}"))
             self.abort()
             return
-        if response.status == 0:  # the head is still incomplete: all of these bytes were head
+        if counting:
+            self.framing_bytes += len(data)
+            if not self._framing_ok():
+                self._fail(ProtocolError("the node's answer is more framing than body (an endless trailer?)"))
+                self.abort()
+        elif response.status == 0:  # the head is still incomplete: all of these bytes were head
             self.head_bytes += len(data)
             if self.head_bytes > _MAX_HEAD_BYTES:
                 self._fail(ProtocolError(f"the node's response head is past {_MAX_HEAD_BYTES} bytes"))
@@ -285,6 +296,8 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         response = self.response
         assert response is not None
+        if response.status:
+            return  # a trailer field of a chunked answer: after the head, never forwarded
         lower = name.lower()
         response.raw_headers.append((lower, value))
         if lower == b"content-type":
@@ -314,6 +327,10 @@ class _Connection(asyncio.Protocol):
                 pass  # cancelled (the request was): nobody waits
 
     def on_body(self, body: bytes) -> None:
+        size = len(body)
+        self.body_bytes += size
+        if self.counting:
+            self.framing_bytes -= size
         if self.response is not None:
             self.response._feed(body)
 
@@ -341,6 +358,14 @@ class _Connection(asyncio.Protocol):
             return
         self.read_waiter = None
         waiter.set_exception(ReadTimeout("no byte from the node within the read timeout"))
+
+    def _framing_ok(self) -> bool:
+        """Whether what came after the head is mostly body. A chunked answer frames each chunk in
+        a few bytes (vLLM sends an SSE event of ~100-300 bytes a chunk); its trailer fields come
+        after the last chunk, unbounded by HTTP. A node that sent endless trailer fields (or one
+        endless field, which httptools holds whole and grows by a copy per read) was read until
+        the read timeout, all of it kept. Allowed: the head limit, plus half the body so far."""
+        return self.framing_bytes <= _MAX_HEAD_BYTES + (self.body_bytes >> 1)
 
     def _framed(self) -> bool:
         response = self.response
@@ -390,7 +415,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.response = UpstreamResponse(self)
         self._content_type = b""
-        self.head_bytes = 0
+        self.head_bytes = self.framing_bytes = self.body_bytes = 0
         waiter = self.head_waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter

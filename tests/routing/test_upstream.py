@@ -225,3 +225,59 @@ async def test_a_status_below_100_is_a_protocol_error(status_line):
             response = await upstream.request(make_target(url + CHAT), b"", b"{}")
             await response.read()
         await upstream.close()
+
+
+@pytest.mark.parametrize("trailer", ["many fields", "one endless field"])
+async def test_an_endless_trailer_is_refused_without_buffering_it(trailer: str):
+    """A chunked answer may end with trailer fields, which HTTP does not bound. A node that sent
+    them without end (many fields, or one field that never ends) was read until the read timeout
+    and all of it kept: the fields grew the response's header list, an endless one was held and
+    copied by httptools at each read. Now an answer that is far more framing than body after its
+    head is a protocol error, and a normal stream of small chunks is not."""
+    sent = {"bytes": 0}
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n" + (b"x-endless: " if trailer == "one endless field" else b"")
+        )
+        filler = b"x-t: " + b"a" * 1000 + b"\r\n" if trailer == "many fields" else b"a" * 1024
+        try:
+            for _ in range(32 * 1024):  # at most ~32 MB
+                writer.write(filler * 64)
+                await writer.drain()
+                sent["bytes"] += len(filler) * 64
+        except ConnectionError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    upstream = client(read_timeout_s=3.0)
+    try:
+        response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+        with pytest.raises(ProtocolError):
+            await response.read()
+        assert len(response.raw_headers) < 100
+    finally:
+        await upstream.close()
+        server.close()
+    assert sent["bytes"] < 16 << 20
+
+
+async def test_a_stream_of_many_small_chunks_is_read_whole():
+    """The framing bound leaves real streams alone: 5,000 one-event chunks (a few bytes of framing
+    each, events of ~60 bytes) and a short trailer arrive whole."""
+    event = b'data: {"choices":[{"delta":{"content":"tok"}}]}\n\n'
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(event), event) for _ in range(5000))
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        + chunked
+        + b"0\r\nx-trailer: fine\r\n\r\n"
+    )
+    async with Server(lambda data: [(0, answer)]) as url:
+        upstream = client(read_timeout_s=2.0)
+        response = await upstream.request(make_target(url + CHAT), b"", b"{}")
+        assert await response.read() == event * 5000
+        await upstream.close()
