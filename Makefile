@@ -74,6 +74,7 @@ bench: install
 	bash scripts/ensure_wrk.sh
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	$(PY) benchmarks/gateway_overhead.py && \
+	$(PY) benchmarks/gateway_idle.py && \
 	$(PY) benchmarks/front_door_cpu.py && \
 	$(PY) benchmarks/hotpath.py && \
 	$(PY) benchmarks/shared_limits_wan.py && \

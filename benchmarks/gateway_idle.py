@@ -31,12 +31,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gateway_overhead import (  # noqa: E402
+from gateway_overhead import (  # this directory is on sys.path when run as a script
     ROOT,
     Target,
     _publish_bench_key,
@@ -46,7 +42,7 @@ from gateway_overhead import (  # noqa: E402
     start_mocks,
 )
 
-from simulator.harness import stop_process_groups, wait_until  # noqa: E402
+from simulator.harness import stop_process_groups, wait_until
 
 _LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 
@@ -101,12 +97,30 @@ def start_gateway(
     return target, prefix
 
 
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit (short hash; ``+changes`` when its tree differs from it)."""
+    import subprocess
+
+    def git(*argv: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(checkout), *argv], capture_output=True, text=True
+        ).stdout.strip()
+
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + (
+        "+changes" if git("status", "--porcelain") else ""
+    )
+
+
 def native_of(checkout: Path) -> str:
     """Whether that checkout's gateway runs compiled (a var/mypyc build of its sources) or pure."""
     import subprocess
 
     probe = subprocess.run(
-        [sys.executable, "-c", "import routing.native as n; print('compiled' if n.current_build() else 'pure')"],
+        [
+            sys.executable,
+            "-c",
+            "import routing.native as n; print('compiled' if n.current_build() else 'pure')",
+        ],
         cwd=checkout,
         capture_output=True,
         text=True,
@@ -116,11 +130,15 @@ def native_of(checkout: Path) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds taken in turns (default 5)")
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds measured per target per round")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after start before measuring")
-    parser.add_argument("--baseline", type=Path, help="a checkout of another commit, measured beside this one")
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout of another commit, measured beside this one"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gateway_idle")
     args = parser.parse_args()
     if not 1 <= args.rounds <= 50 or not 0.5 <= args.seconds <= 60:
@@ -130,6 +148,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-idle-"))
     checkouts = {"this": ROOT} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     builds = {label: native_of(path) for label, path in checkouts.items()}
+    commits = {label: commit_of(path) for label, path in checkouts.items()}
     mocks = start_mocks(workdir)
     upstreams = [f"http://127.0.0.1:{mock.port}" for mock in mocks]
     targets: list[tuple[str, Target]] = []
@@ -173,8 +192,13 @@ def main() -> int:
     }
     report = {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "builds": builds,
+        "commits": commits,
         "baseline": str(args.baseline) if args.baseline else None,
         "rounds": args.rounds,
         "seconds": args.seconds,
@@ -186,18 +210,20 @@ def main() -> int:
     lines = [
         "# Idle gateway",
         "",
-        f"`python benchmarks/gateway_idle.py{' --baseline ' + str(args.baseline) if args.baseline else ''}` on "
+        f"`python benchmarks/gateway_idle.py{' --baseline <checkout>' if args.baseline else ''}` on "
         f"{report['generated']}, {platform.platform()}, {os.cpu_count()} CPUs. No traffic; front door on, one key, "
         f"policy `gorgo` over 3 mock nodes, request log on. Medians over {args.rounds} rounds of {args.seconds:g} s "
         "taken in turns (all targets up together). CPU: time on a CPU of every thread of the gateway's "
         "processes; wake-ups: how often they were put on a CPU (/proc/*/task/*/schedstat).",
         "",
-        "| target | build | CPU ms a second | wake-ups a second |",
-        "|---|---|---:|---:|",
+        "| target | commit | build | CPU ms a second | wake-ups a second |",
+        "|---|---|---|---:|---:|",
     ]
     for name, figures in summary.items():
-        build = builds[name.split(" ")[0]]
-        lines.append(f"| {name} | {build} | {figures['cpu_ms_per_s']:g} | {figures['wakeups_per_s']:g} |")
+        label = name.split(" ")[0]
+        lines.append(
+            f"| {name} | {commits[label]} | {builds[label]} | {figures['cpu_ms_per_s']:g} | {figures['wakeups_per_s']:g} |"
+        )
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
