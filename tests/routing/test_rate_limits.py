@@ -560,7 +560,7 @@ async def test_a_client_that_hangs_up_before_the_first_token_keeps_its_prompt_ch
     body = {
         **BODY,
         "messages": [{"role": "user", "content": "x" * 2000}],  # ~500 tokens estimated
-        "stub": {"delay_s": 5.0},  # the node is busy with it
+        "stub": {"delay_s": 1.0},  # the node is busy with it (the client leaves well before)
     }
     async with running_gateway(gateway_config(redis_keys, redis_url, auth="on")) as gateway:
         front_door = gateway.app.runtime.front_door
