@@ -102,27 +102,20 @@ async def stop_tasks(
     return not still_running
 
 
-async def sleep_unless(event: Flag | asyncio.Event, seconds: float) -> bool:
-    """Sleep ``seconds`` (a ``Flag``: ending on the tick grid, ``wake_at``) or until ``event`` is
-    set; ``True`` if it was set (time to stop)."""
+async def sleep_unless(event: Flag, seconds: float) -> bool:
+    """Sleep ``seconds`` (ending on the tick grid, ``wake_at``) or until ``event`` is set;
+    ``True`` if it was set (time to stop)."""
     if event.is_set():
         return True
-    if isinstance(event, Flag):
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        event._waiters.add(waiter)
-        timer = loop.call_at(wake_at(loop.time(), seconds), _ran_out, waiter)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
-            event._waiters.discard(waiter)
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[bool] = loop.create_future()
+    event._waiters.add(waiter)
+    timer = loop.call_at(wake_at(loop.time(), seconds), _ran_out, waiter)
     try:
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    except TimeoutError:
-        return False
-    return True
+        return await waiter
+    finally:
+        timer.cancel()
+        event._waiters.discard(waiter)
 
 
 async def run_bounded(awaitable: Awaitable[Any], timeout_s: float, name: str) -> bool:
