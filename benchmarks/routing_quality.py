@@ -1046,6 +1046,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--requests", type=int, default=None, help=f"measured requests per run ({REQUESTS_PER_RUN})"
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help=f"arrivals sent before the measured ones ({WARMUP_SHARE:.0%} of --requests); a longer "
+        "warm-up measures a fleet that has been running, not one that just started cold",
+    )
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="workload seeds, comma-separated")
     parser.add_argument(
         "--param",
@@ -1099,7 +1106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--calibrate", action="store_true", help="measure the rates instead (least_load at --probe-rate)"
     )
     parser.add_argument("--probe-rate", type=float, default=10.0, help="arrival rate of a --calibrate run")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.warmup is not None and args.warmup < 0:
+        parser.error("--warmup: a number of arrivals, 0 or more")
+    return args
 
 
 def describe_fleet(scenario: Scenario, topology: Topology, rate: float) -> dict[str, Any]:
@@ -1338,6 +1348,7 @@ def run_scenario(campaign: Campaign, scenario: Scenario, topology: Topology) -> 
                         campaign.param_overrides,
                         shared_state=shared_state,
                         front_door=args.front_door,
+                        warmup_requests=args.warmup,
                     ),
                     topology,
                     campaign.redis_url,
@@ -1387,6 +1398,9 @@ def describe_run(
         "machine": f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs",
         "duration_s": round(duration_s, 1),
         "requests_per_run": campaign.requests,
+        "warmup_requests": args.warmup
+        if args.warmup is not None
+        else round(campaign.requests * WARMUP_SHARE),
         "seeds": campaign.seeds,
         "max_tokens": MAX_TOKENS,
         "rates_rps": {name: fleet["rate_rps"] for name, fleet in fleets.items()},

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from tests.conftest import ROOT
 
@@ -66,3 +68,13 @@ def test_the_event_model_replays_the_same_mixed_fleet() -> None:
     assert speeds["eu-central-1"] == rq.PREFILL_TOKENS_PER_S and speeds["eu-central-2"] == 5_319.0
     outcome = events.run("geo-chat", "gorgo", 1, 20, {}, topology_path=MIXED)
     assert set(outcome["region_p50_ms"]) == {"us-east", "eu-central", "ap-south"}
+
+
+def test_a_longer_warm_up_is_asked_for_by_arrivals_and_a_negative_one_refused() -> None:
+    args = rq.parse_args(["--workloads", "geo-chat", "--warmup", "1200"])
+    assert args.warmup == 1200
+    spec = rq.RunSpec(rq.SCENARIOS["geo-chat"], "gorgo", 42.0, 320, warmup_requests=args.warmup)
+    assert rq.warmup_of(spec) == 1200
+    assert rq.warmup_of(rq.RunSpec(rq.SCENARIOS["geo-chat"], "gorgo", 42.0, 320)) == 32  # 10 % by default
+    with pytest.raises(SystemExit):
+        rq.parse_args(["--warmup", "-5"])
