@@ -573,9 +573,14 @@ class RunSpec:
     warmup_requests: int | None = None
 
 
+def warmup_count(requests: int, warmup_requests: int | None) -> int:
+    """How many arrivals warm the fleet up before ``requests`` measured ones (None: the default share)."""
+    return warmup_requests if warmup_requests is not None else round(requests * WARMUP_SHARE)
+
+
 def warmup_of(spec: RunSpec) -> int:
     """How many arrivals warm the fleet up before the measured ones."""
-    return spec.warmup_requests if spec.warmup_requests is not None else round(spec.requests * WARMUP_SHARE)
+    return warmup_count(spec.requests, spec.warmup_requests)
 
 
 @dataclass
@@ -1398,9 +1403,7 @@ def describe_run(
         "machine": f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} CPUs",
         "duration_s": round(duration_s, 1),
         "requests_per_run": campaign.requests,
-        "warmup_requests": args.warmup
-        if args.warmup is not None
-        else round(campaign.requests * WARMUP_SHARE),
+        "warmup_requests": warmup_count(campaign.requests, args.warmup),
         "seeds": campaign.seeds,
         "max_tokens": MAX_TOKENS,
         "rates_rps": {name: fleet["rate_rps"] for name, fleet in fleets.items()},
