@@ -325,6 +325,26 @@ async def _has(client: aioredis.Redis, keys: RedisKeys, request_id: str) -> bool
     return request_id in await records(client, keys)
 
 
+async def engine_prefill_tokens_per_s(
+    http: httpx.AsyncClient, url: str, seed: str, lengths: list[int]
+) -> float:
+    """The engine's prefill speed by its own counters over prompts of ``lengths`` sent one at a time."""
+    before = histogram_sums((await http.get(url + "/metrics")).text)
+    for number, tokens in enumerate(lengths):
+        response = await http.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": words(f"{seed}-{number}", tokens)}],
+                "max_tokens": 1,
+            },
+        )
+        assert response.status_code == 200, response.text
+    after = histogram_sums((await http.get(url + "/metrics")).text)
+    computed = after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
+    return computed / (after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"])
+
+
 def histogram_sums(text: str) -> dict[str, float]:
     """Each histogram's ``_sum`` over its series, from a /metrics page."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -369,11 +389,19 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
     token (so head - sent is a round trip and the intake), and the prefill speed the gateway fits
     from its own streams agrees with the one vLLM's histograms give
     (``vllm:request_prefill_kv_computed_tokens`` over ``vllm:request_prefill_time_seconds``), though
-    the node was configured ~12x too fast."""
-    from routing.state.measured import RTT_MIN_SAMPLES
+    the node was configured 10x too fast.
+
+    10x of what this engine does on this machine, read first from its own counters: a fixed figure
+    (400k tokens/s, ~12x on one host) was past the fit's belief window (``SPEED_BELIEF_FACTOR``)
+    on a host 1.6x slower, where the gateway rightly refused to believe it and the test failed."""
+    from routing.state.measured import RTT_MIN_SAMPLES, SPEED_BELIEF_FACTOR
 
     server = real_vllm.servers["bind"]  # --enable-prompt-tokens-details: the cached tokens are known
-    node = make_node(1, server.url, name="vllm-bind", models=(MODEL_NAME,), prefill_tokens_per_s=400_000.0)
+    async with httpx.AsyncClient(timeout=60) as direct:
+        engine_before = await engine_prefill_tokens_per_s(direct, server.url, "calibrate", [1_500, 900, 1_200])
+    told = 10.0 * engine_before
+    assert told < engine_before * SPEED_BELIEF_FACTOR / 1.5  # room for the engine to wander
+    node = make_node(1, server.url, name="vllm-bind", models=(MODEL_NAME,), prefill_tokens_per_s=told)
     model = ModelSpec(MODEL_NAME, BLOCK_SIZE_TOKENS, read_max_model_len(MODEL_FOLDER) or 4096)
     client = aioredis.Redis.from_url(redis_url)
     lengths = [40, 1_200, 120, 900, 60, 1_500, 300, 700] * 3
@@ -414,6 +442,7 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
     engine_tokens_per_s = computed / (
         after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"]
     )
+    assert 1 in speeds, f"no prefill speed fitted; the engine did {engine_tokens_per_s:.0f} tokens/s, told {told:.0f}"
     gateway_tokens_per_s = 1000.0 / speeds[1]
     heads = [logged[request_id] for request_id in ids]
     record_figures(
@@ -421,7 +450,8 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
         {
             "engine_prefill_tokens_per_s": round(engine_tokens_per_s),
             "gateway_prefill_tokens_per_s": round(gateway_tokens_per_s),
-            "configured_prefill_tokens_per_s": node.prefill_tokens_per_s,
+            "configured_prefill_tokens_per_s": round(node.prefill_tokens_per_s),
+            "engine_prefill_tokens_per_s_before": round(engine_before),
             "gateway_rtt_ms": round(rtt_ms[1], 2),
             "head_ms_p50": sorted(r.head_ms for r in heads if r.head_ms is not None)[len(heads) // 2],
         },
@@ -430,8 +460,8 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
     assert all(r.head_ms is not None and r.ttft_ms is not None for r in heads)
     assert all(r.head_ms < r.ttft_ms - r.gateway_ms for r in heads)
     assert len(heads) >= RTT_MIN_SAMPLES and 0.0 < rtt_ms[1] < 100.0
-    # The gateway's fit and the engine's own counters agree, far from the told 400k: the engine
+    # The gateway's fit and the engine's own counters agree, far from the told 10x: the engine
     # times only its prefill phase, the gateway a stream's head to its first token, and on a busy
     # 2-core machine the tiny model's step times wander (seen: 0.83x, and 2.0x in a full run).
     assert engine_tokens_per_s / 3 < gateway_tokens_per_s < engine_tokens_per_s * 3
-    assert gateway_tokens_per_s < node.prefill_tokens_per_s / 4
+    assert gateway_tokens_per_s < node.prefill_tokens_per_s / 3
