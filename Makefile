@@ -61,12 +61,12 @@ test: lint native
 	@REDIS_URL=$$($(PY) scripts/ensure_redis.py) || exit 1; export REDIS_URL; \
 	if $(PY) -c "import psycopg, sys; psycopg.connect('$(PG_TEST_URL)', connect_timeout=3).close()" 2>/dev/null; then \
 		echo "== full suite on PostgreSQL ($(PG_TEST_URL)), Redis $$REDIS_URL"; \
-		DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest && \
+		DATABASE_URL=$(PG_TEST_URL) PY=$(PY) bash scripts/run_tests.sh && \
 		echo "== the database's unit and API tests again on SQLite" && \
-		$(PY) -m pytest -q -m "uses_db and not e2e and not browser"; \
+		$(PY) -m pytest -q -n $${TEST_WORKERS:-3} --dist loadgroup -m "uses_db and not e2e and not browser"; \
 	else \
 		echo "== PostgreSQL not reachable at $(PG_TEST_URL): full suite on SQLite, Redis $$REDIS_URL"; \
-		$(PY) -m pytest; \
+		PY=$(PY) bash scripts/run_tests.sh; \
 	fi
 
 bench: install

@@ -204,12 +204,30 @@ def pytest_collection_modifyitems(config, items):
         ):
             item.add_marker(pytest.mark.uses_db)
     real = [item for item in items if _uses_real_vllm(item)]
+    chosen = set(map(id, real))
+    for item in items:
+        group = "real-vllm" if id(item) in chosen else _shared_fixture_scope(item)  # one fleet
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if real:
         for item in real:
             item.add_marker(pytest.mark.real_vllm)
             item.add_marker(pytest.mark.timeout(INSTALL_TIMEOUT_S + BOOT_TIMEOUT_S + 300))
-        chosen = set(map(id, real))
         items[:] = [item for item in items if id(item) not in chosen] + real
+
+
+def _shared_fixture_scope(item: pytest.Item) -> str | None:
+    """The file of a test that takes a module-, class- or package-scoped fixture (a control plane
+    and a browser, say): with ``--dist loadgroup`` (``make test``) such a file runs on one worker,
+    which sets the fixture up once. Every other test is handed out one by one, in collection order,
+    so pytest-django's order (plain database tests before transactional ones) holds per worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for definitions in info.name2fixturedefs.values():
+        if definitions and definitions[-1].scope in ("module", "class", "package"):
+            return item.nodeid.split("::", 1)[0]
+    return None
 
 
 def _uses_real_vllm(item: pytest.Item) -> bool:
@@ -224,6 +242,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the real vLLM servers now, in the background, if any collected test uses them."""
     if session.config.option.collectonly:
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # every worker collects every test: the one that runs them launches (the fixture)
     if any(_uses_real_vllm(item) for item in session.items):
         log_dir = ROOT / "var" / "test-logs"
         session.config.stash[_REAL_VLLM] = RealVLLMFleet.launch(log_dir)

@@ -341,8 +341,12 @@ async def engine_prefill_tokens_per_s(
         )
         assert response.status_code == 200, response.text
     after = histogram_sums((await http.get(url + "/metrics")).text)
-    computed = after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
-    return computed / (after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"])
+    computed = (
+        after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
+    )
+    return computed / (
+        after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"]
+    )
 
 
 def histogram_sums(text: str) -> dict[str, float]:
@@ -398,7 +402,9 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
 
     server = real_vllm.servers["bind"]  # --enable-prompt-tokens-details: the cached tokens are known
     async with httpx.AsyncClient(timeout=60) as direct:
-        engine_before = await engine_prefill_tokens_per_s(direct, server.url, "calibrate", [1_500, 900, 1_200])
+        engine_before = await engine_prefill_tokens_per_s(
+            direct, server.url, "calibrate", [1_500, 900, 1_200]
+        )
     told = 10.0 * engine_before
     assert told < engine_before * SPEED_BELIEF_FACTOR / 1.5  # room for the engine to wander
     node = make_node(1, server.url, name="vllm-bind", models=(MODEL_NAME,), prefill_tokens_per_s=told)
@@ -442,7 +448,9 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
     engine_tokens_per_s = computed / (
         after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"]
     )
-    assert 1 in speeds, f"no prefill speed fitted; the engine did {engine_tokens_per_s:.0f} tokens/s, told {told:.0f}"
+    assert 1 in speeds, (
+        f"no prefill speed fitted; the engine did {engine_tokens_per_s:.0f} tokens/s, told {told:.0f}"
+    )
     gateway_tokens_per_s = 1000.0 / speeds[1]
     heads = [logged[request_id] for request_id in ids]
     record_figures(
