@@ -55,7 +55,9 @@ class TestAdmission:
             post = gateway.http.post
             gateway_inflight = gateway.app.runtime.inflight
             first = asyncio.create_task(
-                post("/v1/chat/completions", json=body("first", 0.3), headers=auth(BATCH))
+                # Holds the one slot while the six queue: 0.3 s was not always enough on a busy
+                # machine (three test workers on two cores), and the queue drained before it filled.
+                post("/v1/chat/completions", json=body("first", 2.0), headers=auth(BATCH))
             )
             await wait_for(lambda: gateway_inflight.outstanding(1) == 1)
             queued = []
