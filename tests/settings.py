@@ -1,8 +1,8 @@
 """Settings for the test suite: the real settings, with a Redis namespace of this run's own.
 
-Every pytest process (each xdist worker too) gets a unique GORGO_REDIS_PREFIX, so concurrent runs (and processes the
-tests start, which inherit the environment) share one Redis server without touching each
-other's keys; tests/conftest.py deletes the namespace at the end.
+Every pytest process (each xdist worker too) gets a unique GORGO_REDIS_PREFIX, so concurrent runs
+(and processes the tests start, which inherit the environment) share one Redis server without
+touching each other's keys; tests/conftest.py deletes the namespace at the end.
 """
 
 from __future__ import annotations

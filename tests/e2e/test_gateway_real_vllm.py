@@ -340,7 +340,12 @@ async def engine_prefill_tokens_per_s(
             },
         )
         assert response.status_code == 200, response.text
-    after = histogram_sums((await http.get(url + "/metrics")).text)
+    return prefill_tokens_per_s(before, histogram_sums((await http.get(url + "/metrics")).text))
+
+
+def prefill_tokens_per_s(before: dict[str, float], after: dict[str, float]) -> float:
+    """The engine's prefill speed between two of its /metrics pages (``histogram_sums``): the tokens
+    it computed over the time it spent prefilling them."""
     computed = (
         after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
     )
@@ -442,12 +447,7 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
             logged = await records(client, redis_keys)
     finally:
         await client.aclose()
-    computed = (
-        after["vllm:request_prefill_kv_computed_tokens"] - before["vllm:request_prefill_kv_computed_tokens"]
-    )
-    engine_tokens_per_s = computed / (
-        after["vllm:request_prefill_time_seconds"] - before["vllm:request_prefill_time_seconds"]
-    )
+    engine_tokens_per_s = prefill_tokens_per_s(before, after)
     assert 1 in speeds, (
         f"no prefill speed fitted; the engine did {engine_tokens_per_s:.0f} tokens/s, told {told:.0f}"
     )
