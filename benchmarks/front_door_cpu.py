@@ -13,6 +13,7 @@ from the noise of a shared machine. Writes benchmarks/results/front_door_cpu.jso
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -96,6 +97,9 @@ async def measure() -> dict[str, float]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()  # --help, and a clear error for anything else
     figures = asyncio.run(measure())
     report = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

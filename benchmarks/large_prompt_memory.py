@@ -15,6 +15,7 @@ benchmarks/results/large_prompt_memory.json under ``label``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -43,7 +44,7 @@ from simulator.snapshots import MODEL, make_node, make_snapshot  # noqa: E402
 PROMPTS = 20
 PROMPT_BYTES = 3_900_000
 SETTLE_S = 60
-CONTEXT_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 131_072  # Llama 3.1 8B's max_model_len
+CONTEXT_TOKENS = 131_072  # Llama 3.1 8B's max_model_len
 RESULTS = ROOT / "benchmarks" / "results" / "large_prompt_memory.json"
 
 
@@ -52,7 +53,7 @@ def rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 
 
-def start_node() -> int:
+def start_node(context_tokens: int) -> int:
     """A node that reads the whole body and answers like vLLM for a prompt past its context."""
     ready = threading.Event()
     port: list[int] = []
@@ -60,7 +61,7 @@ def start_node() -> int:
     async def handle(request: web.Request) -> web.Response:
         await request.read()
         error = {
-            "message": f"This model's maximum context length is {CONTEXT_TOKENS} tokens.",
+            "message": f"This model's maximum context length is {context_tokens} tokens.",
             "type": "BadRequestError",
             "param": None,
             "code": 400,
@@ -93,15 +94,27 @@ def prompt_text(index: int) -> str:
 
 
 def main() -> None:
-    label = sys.argv[1] if len(sys.argv) > 1 else "run"
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("label", nargs="?", default="run", help="the run's name in the results file")
+    parser.add_argument(
+        "context_tokens",
+        nargs="?",
+        type=int,
+        default=CONTEXT_TOKENS,
+        help="the model's context (default: %(default)s)",
+    )
+    args = parser.parse_args()
+    label, context_tokens = args.label, args.context_tokens
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     keys = RedisKeys(prefix=f"gorgobench-{uuid.uuid4().hex[:12]}")
-    node_port = start_node()
+    node_port = start_node(context_tokens)
     client = redis.Redis.from_url(redis_url)
     snapshot = make_snapshot(
         (make_node(1, f"http://127.0.0.1:{node_port}"),),
         params=GorgoParams(),
-        models=(ModelSpec(name=MODEL, kv_block_size=16, max_context_tokens=CONTEXT_TOKENS),),
+        models=(ModelSpec(name=MODEL, kv_block_size=16, max_context_tokens=context_tokens),),
     )
     write(client, keys, snapshot)
     env = {
@@ -170,7 +183,7 @@ def main() -> None:
             "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "prompts": PROMPTS,
             "prompt_bytes": PROMPT_BYTES,
-            "context_tokens": CONTEXT_TOKENS,
+            "context_tokens": context_tokens,
             "statuses": sorted(set(statuses)),
             "answer": final_error[:160],
             "rss_before_mib": round(before, 1),

@@ -19,6 +19,7 @@ to the tokenizer's own ids. Writes benchmarks/results/long_prompt_tokenize.{json
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -91,6 +92,9 @@ def measure(path: str) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()  # --help, and a clear error for anything else
     with tempfile.TemporaryDirectory() as directory:
         bpe = train_bpe(Path(directory))
         report = {

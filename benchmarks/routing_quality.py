@@ -1055,7 +1055,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warmup",
         type=int,
         default=None,
-        help=f"arrivals sent before the measured ones ({WARMUP_SHARE:.0%} of --requests); a longer "
+        help=f"arrivals sent before the measured ones ({WARMUP_SHARE * 100:.0f}%% of --requests); a longer "
         "warm-up measures a fleet that has been running, not one that just started cold",
     )
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="workload seeds, comma-separated")

@@ -19,6 +19,7 @@ Writes benchmarks/results/shared_limits_wan.json and .md.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib.util
 import json
@@ -203,6 +204,9 @@ async def run_one(
 
 
 async def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()  # --help, and a clear error for anything else
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if urlparse(redis_url).hostname not in ("127.0.0.1", "localhost"):
         raise SystemExit("REDIS_URL must be on loopback")
