@@ -134,6 +134,13 @@ class RedisKeys:
         ``<prefix>:concurrency:<key id>``, and its script deleted fields it could not parse)."""
         return f"{self.prefix}:concurrency-lease:{key_id}"
 
+    @property
+    def limits_epoch(self) -> str:
+        """STRING (no expiry): ``<token>:<ms>``, written by the first lease call that finds it missing;
+        ``<ms>`` (Redis's clock) ends a recovery window when the gateway that wrote it had seen an
+        earlier epoch (Redis lost the leases: restarted empty, flushed, failed over), else 0."""
+        return f"{self.prefix}:limits:epoch"
+
     def lock(self, name: str) -> str:
         """STRING: a short-lived mutual-exclusion lock for a periodic task."""
         return f"{self.prefix}:lock:{name}"

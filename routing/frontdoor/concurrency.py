@@ -40,6 +40,14 @@ gateway's unused slots (headroom, and slots released since the last renewal) are
 the other gateways for up to two ``renew_s`` windows, so near the limit another gateway may refuse
 a request while that many slots sit idle here (at most a quarter of what was free at the last
 call: with N gateways idle, (N / (N + 3)) of the free slots are leased as headroom).
+
+**Redis losing the leases** (restarted empty, flushed, failed over to an empty replica): the first
+gateway to call would see no other lease and take the limit while the others admit from the
+leases they still hold. The limits' epoch (``RedisKeys.limits_epoch``, no expiry) tells a lost
+namespace from a new one: a call from a gateway that had seen an epoch and finds none writes a new
+one with a recovery window, within which no lease grows past what its gateway holds or has open.
+A renewal with no call to make reads the epoch, so every live gateway re-asserts its leases within
+the window (``retry_after_s`` + two renewals + 0.5 s).
 """
 
 from __future__ import annotations
@@ -59,12 +67,26 @@ from routing.frontdoor.ratelimit import RedisBackoff, warm
 
 logger = logging.getLogger("routing.concurrency")
 
-# KEYS[1]: the key's lease hash. ARGV: this gateway's id, slots in use here (kept whatever the
-# answer: those requests are open), slots wanted (>= in use), the limit, lease ttl ms.
-# Returns {slots now leased to this gateway, slots the other gateways lease}.
+# KEYS[1]: the key's lease hash; KEYS[2]: the limits' epoch. ARGV: this gateway's id, slots in use
+# here (kept whatever the answer: those requests are open), slots wanted (>= in use), the limit,
+# lease ttl ms, the epoch this gateway last saw ('' for none), the recovery window ms, slots this
+# gateway leases now (as far as it knows).
+# Returns {slots now leased to this gateway, slots the other gateways lease, the epoch}.
+#
+# The epoch tells a new namespace from a lost one. Missing and this gateway had seen one: Redis
+# lost every lease while the gateways still admit from theirs, so for the recovery window no lease
+# grows past what its gateway holds (or has open); each live gateway re-asserts its lease within
+# it, and only then can a new one be sized on what they leave free.
 _LEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = redis.call('GET', KEYS[2])
+if not epoch then
+  local recovering_until = 0
+  if ARGV[6] ~= '' then recovering_until = now + tonumber(ARGV[7]) end
+  epoch = ARGV[1] .. '@' .. now .. ':' .. recovering_until
+  redis.call('SET', KEYS[2], epoch)
+end
 local others = 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
@@ -78,18 +100,21 @@ for i = 1, #fields, 2 do
   end
 end
 local in_use = tonumber(ARGV[2])
-local held = math.min(tonumber(ARGV[3]), tonumber(ARGV[4]) - others)
+local wanted = tonumber(ARGV[3])
+if tonumber(string.match(epoch, ':(%d+)$') or '0') > now then
+  wanted = math.min(wanted, math.max(in_use, tonumber(ARGV[8])))
+end
+local held = math.min(wanted, tonumber(ARGV[4]) - others)
 if held < in_use then held = in_use end
 local ttl = tonumber(ARGV[5])
 if held <= 0 then
   redis.call('HDEL', KEYS[1], ARGV[1])
-  return {0, others}
+  return {0, others, epoch}
 end
 redis.call('HSET', KEYS[1], ARGV[1], held .. ':' .. (now + ttl))
 redis.call('PEXPIRE', KEYS[1], ttl + 1000)
-return {held, others}
+return {held, others, epoch}
 """
-
 
 class _Slots:
     """One key's slots at this gateway: requests open, slots leased, and the one call in flight."""
@@ -131,6 +156,11 @@ class ConcurrencyLimiter:
         self._clock = clock
         self.backoff = RedisBackoff(retry_after_s, "concurrency limits")
         self._lease = redis.register_script(_LEASE)
+        self._epoch = b""  # the limits' epoch at the last call ("": none seen yet)
+        self._lost = False  # a call found a new epoch: the next renewal re-asserts every lease
+        # Long enough for every live gateway to re-assert its lease after Redis lost them: back
+        # from its backoff (Redis was down while it restarted), then its next renewal and its call.
+        self._recovery_ms = int((retry_after_s + 2 * renew_s + 0.5) * 1000)
         self.slots: dict[str, _Slots] = {}
         self._closing = Flag()
         self._task: asyncio.Task[None] | None = None
@@ -231,16 +261,23 @@ class ConcurrencyLimiter:
     async def _call(self, key_id: str, slots: _Slots, wanted: int) -> int:
         self.calls += 1
         # The client's own socket timeouts bound this (routing.frontdoor.ratelimit.make_limiter_redis).
-        held, others = await self._lease(
-            keys=[self._keys.concurrency(key_id)],
+        held, others, epoch = await self._lease(
+            keys=[self._keys.concurrency(key_id), self._keys.limits_epoch],
             args=[
                 self._gateway_id,
                 slots.open,
                 max(wanted, slots.open),
                 slots.limit,
                 int(self._ttl_s * 1000),
+                self._epoch,
+                self._recovery_ms,
+                slots.held,
             ],
         )
+        epoch = epoch.encode() if isinstance(epoch, str) else bytes(epoch)
+        if epoch != self._epoch:
+            self._lost = bool(self._epoch)  # a new epoch after one seen: the other leases re-assert too
+            self._epoch = epoch
         slots.others = int(others)
         return int(held)
 
@@ -281,7 +318,10 @@ class ConcurrencyLimiter:
         now = self._clock()
         if not self.backoff.up(now):
             return
+        lost = self._lost  # a call since the last renewal found the leases lost: re-assert them all
+        self._lost = False
         due: list[tuple[str, _Slots, int]] = []
+        kept: list[tuple[str, _Slots, int]] = []
         for key_id, slots in list(self.slots.items()):
             if slots.call is not None:
                 continue
@@ -301,9 +341,21 @@ class ConcurrencyLimiter:
                 and wanted == slots.held
                 and now < slots.valid_until - self._ttl_s * 2 / 3
             ):
-                continue  # the right size and written within a third of its ttl: no call needed
+                kept.append((key_id, slots, wanted))  # the right size, written within a third of its ttl
+                continue
             slots.held = min(slots.held, wanted)  # a shrink counts here before Redis hears of it
             due.append((key_id, slots, wanted))
+        if kept and not lost and not due and self._epoch:
+            # No call this renewal: one read tells whether Redis lost the leases (restarted empty,
+            # flushed, failed over), so they are re-asserted now, not at each one's next rewrite.
+            try:
+                epoch = await self._redis.get(self._keys.limits_epoch)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.backoff.failed(now, exc)
+                return
+            lost = (epoch.encode() if isinstance(epoch, str) else epoch) != self._epoch
+        if lost:
+            due.extend(entry for entry in kept if entry[1].call is None)
         if not due:
             return
         call: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

@@ -117,14 +117,17 @@ class TestLeasedSlots:
         try:
             for _ in range(8):  # 8 of 10: the demand's headroom (2) is larger than the free's
                 assert await limiter.acquire(key)
-            before = client.commands
+            before, lease_calls = client.commands, limiter.calls
             for _ in range(10):
                 clock.now += 0.5
                 await limiter.renew()
             calls = client.commands - before
+            lease_calls = limiter.calls - lease_calls
         finally:
             await client.aclose()
-        assert calls == 1, calls  # the rewrite once a third of its ttl had passed
+        assert lease_calls == 1, lease_calls  # the rewrite once a third of its ttl had passed
+        # and at each of the nine renewals without a call, one GET of the epoch (did Redis lose it?)
+        assert calls == 10, calls
         assert limiter.slots[key.id].held == 10
 
     async def test_far_from_the_limit_a_burst_needs_no_round_trip(self, redis_url, redis_keys):
@@ -247,6 +250,90 @@ class TestLeasedSlots:
             limiter.release(key)
             await limiter.close()
             assert await client.hget(redis_keys.concurrency(key.id), "gw-1") is None
+        finally:
+            await client.aclose()
+
+
+
+async def _lose_everything(client: Redis, keys: RedisKeys) -> None:
+    """What a Redis restarted without persistence (or flushed, or failed over to an empty replica)
+    looks like to the gateways: every key of the namespace gone."""
+    names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*")]
+    if names:
+        await client.delete(*names)
+
+
+async def _leased(client: Redis, lease_hash: str) -> dict[str, int]:
+    return {field.decode(): int(value.split(b":")[0]) for field, value in (await client.hgetall(lease_hash)).items()}
+
+
+class TestRedisLosesItsState:
+    """Redis restarted empty while the gateways hold leases: the first gateway to call used to see no
+    other lease and take the whole limit while the others went on admitting from theirs, up to
+    twice the limit until their next rewrite (a third of the ttl, ~3.3 s) and as long as both
+    kept their requests open."""
+
+    async def test_the_fleet_stays_within_the_limit(self, redis_url, redis_keys):
+        clients = [counting_client(redis_url) for _ in range(2)]
+        clock = Clock()
+        a = ConcurrencyLimiter(clients[0], redis_keys, "gw-a", clock=clock)
+        b = ConcurrencyLimiter(clients[1], redis_keys, "gw-b", clock=clock)
+        key = make_key(SECRET, max_concurrent=8)
+        lease_hash = redis_keys.concurrency(key.id)
+        try:
+            assert await b.acquire(key)
+            b.release(key)
+            assert all([await a.acquire(key) for _ in range(6)])
+            await b.renew()
+            await b.renew()  # b idle: its lease goes back
+            await _lose_everything(clients[0], redis_keys)
+            # b's clients arrive first after the restart and take what they can.
+            admitted = 0
+            for _ in range(10):
+                if not await b.acquire(key):
+                    break
+                admitted += 1
+            assert a.open[key.id] + b.open.get(key.id, 0) <= 8, (a.open, b.open)
+            # a, still admitting from the lease it held, re-asserts it at its next renewal, which
+            # reads the lost state (no wait for its lease's rewrite).
+            while await a.acquire(key):
+                pass
+            await a.renew()
+            assert a.open[key.id] + b.open.get(key.id, 0) <= 8, (a.open, b.open)
+            assert sum((await _leased(clients[0], lease_hash)).values()) <= 8
+            assert "gw-a" in await _leased(clients[0], lease_hash)
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    async def test_growth_resumes_once_the_recovery_window_ends(self, redis_url, redis_keys):
+        clients = [counting_client(redis_url) for _ in range(2)]
+        clock = Clock()
+        a = ConcurrencyLimiter(clients[0], redis_keys, "gw-a", clock=clock)
+        b = ConcurrencyLimiter(clients[1], redis_keys, "gw-b", clock=clock)
+        key = make_key(SECRET, max_concurrent=8)
+        try:
+            assert all([await a.acquire(key) for _ in range(2)])
+            await _lose_everything(clients[0], redis_keys)
+            await a.renew()  # a finds the state lost and re-asserts its lease: the window opens
+            assert await b.acquire(key) is False  # a new lease waits for every live one to return
+            # Redis's clock passes the window's end (written as it would read then).
+            epoch_key = redis_keys.limits_epoch
+            token, _until = (await clients[0].get(epoch_key)).rsplit(b":", 1)
+            await clients[0].set(epoch_key, token + b":1")
+            assert all([await b.acquire(key) for _ in range(4)])  # 8 - a's lease (2 + headroom)
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    async def test_a_new_fleet_is_not_held_back(self, redis_url, redis_keys):
+        # No epoch because nothing was ever leased under this namespace, not because it was lost.
+        client = counting_client(redis_url)
+        limiter = ConcurrencyLimiter(client, redis_keys, "gw-1", clock=Clock())
+        key = make_key(SECRET, max_concurrent=5)
+        try:
+            assert all(await asyncio.gather(*(limiter.acquire(key) for _ in range(5))))
+            assert not await limiter.acquire(key)
         finally:
             await client.aclose()
 
