@@ -116,6 +116,7 @@ redis.call('PEXPIRE', KEYS[1], ttl + 1000)
 return {held, others, epoch}
 """
 
+
 class _Slots:
     """One key's slots at this gateway: requests open, slots leased, and the one call in flight."""
 
