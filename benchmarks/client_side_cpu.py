@@ -76,10 +76,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--serve", choices=("own", "uvicorn"), help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=9, help="at least 2 (the report gives the IQR)")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.rounds < 2 or args.seconds <= 0:
+        parser.error("--rounds must be at least 2 and --seconds above 0")
     if args.serve == "own":
         serve_own()
         return 0

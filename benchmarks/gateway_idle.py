@@ -42,7 +42,7 @@ from gateway_overhead import (  # this directory is on sys.path when run as a sc
     start_mocks,
 )
 
-from simulator.harness import stop_process_groups, wait_until
+from simulator.harness import exit_on_sigterm, stop_process_groups, wait_until
 
 _LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 
@@ -141,6 +141,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gateway_idle")
     args = parser.parse_args()
+    exit_on_sigterm()  # a kill stops what this started
     if not 1 <= args.rounds <= 50 or not 0.5 <= args.seconds <= 60:
         parser.error("--rounds 1..50 and --seconds 0.5..60 keep the run bounded")
 

@@ -60,7 +60,7 @@ from typing import Any
 
 from overhead_servers import MODEL  # this directory is on sys.path when run as a script
 
-from simulator.harness import free_port, group_processes, stop_process_group, wait_until
+from simulator.harness import exit_on_sigterm, free_port, group_processes, stop_process_group, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SHADOW_BUDGET_US = 10.0  # issue 23: a shadow adds at most this much gateway CPU per request
@@ -1471,6 +1471,7 @@ def main() -> int:
     )
     parser.add_argument("--shadow-params", default="{}", help="the shadow policy's parameters (JSON)")
     args = parser.parse_args()
+    exit_on_sigterm()  # a kill stops what this started
     sys.path.insert(0, str(ROOT))
     print("gateway overhead benchmark (bounded: about 20 s per target)", flush=True)
     load_at_start = os.getloadavg()

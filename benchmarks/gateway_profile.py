@@ -28,6 +28,8 @@ from pathlib import Path
 
 import gateway_overhead as bench  # this directory is on sys.path when run as a script
 
+from simulator.harness import exit_on_sigterm
+
 ROOT = Path(__file__).resolve().parent.parent
 RATE_HZ = 500
 
@@ -124,6 +126,7 @@ def main() -> int:
         "own functions (the table's split then sees less: read the raw stacks)",
     )
     args = parser.parse_args()
+    exit_on_sigterm()  # a kill stops what this started
     sys.path.insert(0, str(ROOT))
     py_spy = Path(sys.executable).parent / "py-spy"
     workdir = Path(tempfile.mkdtemp(prefix="gorgo-profile-"))

@@ -29,6 +29,8 @@ from pathlib import Path
 import gateway_instructions as instructions  # this directory is on sys.path when run as a script
 import gateway_overhead as bench
 
+from simulator.harness import exit_on_sigterm
+
 LISTENING = instructions.LISTENING
 
 
@@ -107,6 +109,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    exit_on_sigterm()  # a kill stops what this started
     for tool in ("strace", "wrk"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed")

@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 import redis
-from routing_quality import Proc, delete_namespace, spawn, start_gateways, wait_until  # same directory
+from routing_quality import Proc, delete_namespace, spawn, start_gateways, wait_ready  # same directory
 
 from routing.contract import (
     SCHEMA_VERSION,
@@ -67,6 +67,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write
+from simulator.harness import exit_on_sigterm
 from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.snapshots import make_node, make_snapshot
 from simulator.traffic import build_plan, run_plan
@@ -116,7 +117,9 @@ MODES = ("precise", "approximate")
 
 def topology_file(workdir: Path, kv_blocks: int) -> Path:
     lines = [
-        '[fleet]\nname = "kv-bench"\nseed = 3\n',
+        # The gateways learn each node's real hits from usage.prompt_tokens_details.cached_tokens,
+        # which vLLM (and the emulator) send only with --enable-prompt-tokens-details.
+        '[fleet]\nname = "kv-bench"\nseed = 3\nenable_prompt_tokens_details = true\n',
         "[network]\nintra_region_rtt_ms = 1.5\nintra_region_jitter_ms = 0.3\n",
         f"[engine]\nprefill_tokens_per_s = {PREFILL_TOKENS_PER_S}\nkv_capacity_blocks = {kv_blocks}\n"
         f"max_model_len = {MAX_MODEL_LEN}\n",
@@ -150,7 +153,7 @@ def start_fleet(workdir: Path, kv_blocks: int, control_port: int) -> tuple[Proc,
             return None
         return json.loads(next(line for line in text.splitlines() if line.startswith("{")))["nodes"]
 
-    return proc, wait_until(proc, described)
+    return proc, wait_ready(proc, described)
 
 
 def publish(
@@ -466,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dump", type=Path, default=None, help="write every request record here (JSON lines)"
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a kill stops what this started
     if args.render is not None:
         report = json.loads(args.render.read_text())
         args.render.with_suffix(".md").write_text(markdown(report))

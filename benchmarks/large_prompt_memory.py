@@ -38,7 +38,7 @@ from aiohttp import web  # noqa: E402
 
 from routing.contract import GorgoParams, ModelSpec, RedisKeys  # noqa: E402
 from routing.writer import write  # noqa: E402
-from simulator.harness import stop_process_group  # noqa: E402
+from simulator.harness import exit_on_sigterm, stop_process_group  # noqa: E402
 from simulator.snapshots import MODEL, make_node, make_snapshot  # noqa: E402
 
 PROMPTS = 20
@@ -106,6 +106,7 @@ def main() -> None:
         help="the model's context (default: %(default)s)",
     )
     args = parser.parse_args()
+    exit_on_sigterm()  # a kill stops what this started
     label, context_tokens = args.label, args.context_tokens
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     keys = RedisKeys(prefix=f"gorgobench-{uuid.uuid4().hex[:12]}")

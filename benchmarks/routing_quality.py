@@ -53,7 +53,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -104,7 +103,7 @@ from routing.contract import (
     encode,
 )
 from routing.writer import write
-from simulator.harness import free_port, stop_process_group, stop_process_groups, wait_until
+from simulator.harness import exit_on_sigterm, free_port, stop_process_group, stop_process_groups, wait_until
 from simulator.server import oracle_key_of
 from simulator.snapshots import make_node, make_snapshot
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, EngineParams, Topology, load_topology
@@ -1157,8 +1156,7 @@ def _per_node_or_one(name: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # SIGTERM as SystemExit, so the finally blocks stop the fleet, gateways and routers it started.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
+    exit_on_sigterm()  # the finally blocks stop the fleet, gateways and routers it started
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     redis.Redis.from_url(redis_url).ping()  # fail early with a clear error
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]

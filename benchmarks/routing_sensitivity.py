@@ -64,6 +64,7 @@ import routing_quality as rq  # this directory is on sys.path
 from routing_quality_report import RunFigures, over_seeds, summarize_run
 
 from routing.contract import RedisKeys, RequestRecord, decode
+from simulator.harness import exit_on_sigterm
 from simulator.topology import load_topology
 from simulator.traffic import build_plan, run_plan
 from simulator.traffic.report import percentile
@@ -811,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tuner-rate", type=float, default=TUNER_RATE_RPS, help="requests/s of a tuner run")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a kill stops what this started
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     redis.Redis.from_url(redis_url).ping()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -46,6 +46,7 @@ from routing_quality import (  # this directory is on sys.path
 )
 
 from routing.contract import PolicySnapshot, RedisKeys, RequestRecord, RTTTable, decode
+from simulator.harness import exit_on_sigterm
 from simulator.replay import percentile, replay, replayable, rtt_pairs, to_replay_requests
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
 from simulator.traffic import build_plan, run_plan
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="300 requests, output into var/")
     parser.add_argument("--out", type=Path, default=None, help="output path without extension")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # a kill stops what this started
     requests = 300 if args.quick else args.requests
     out = args.out or (ROOT / "var" / "whatif_accuracy_quick" if args.quick else RESULTS / "whatif_accuracy")
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
