@@ -190,6 +190,16 @@ class UpstreamResponse:
             self._conn.resume()
         return data
 
+    async def first_body(self) -> None:
+        """Wait for the body's first bytes (left for ``readany``) or its end; raises the error that
+        ended it before any byte came."""
+        while not self._chunks:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                return
+            await self._wait()
+
     async def read(self) -> bytes:
         """The whole body."""
         self._whole = True

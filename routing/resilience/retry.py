@@ -2,12 +2,15 @@
 
 Retried: a refused connection, a connection dropped before the answer, (streams) no response
 headers within the first-byte timeout (vLLM sends a stream's headers at once, so silence means a
-hung node), and a server-error answer (``RETRIED_STATUSES``: vLLM's 500 "The engine is dead." from
+hung node) or a stream that ended before its first event (the node died while the request queued
+or prefilled: the client has been sent nothing, its head waits for that event), and a server-error answer (``RETRIED_STATUSES``: vLLM's 500 "The engine is dead." from
 a node going down, a 502/503/504 from whatever stands in front of it), which says nothing about
 the request and would otherwise reach the client while other nodes are fine (region-outage: the
 requests that reached a region's nodes as they stopped). At most ``upstream_retries`` times,
-within the retry budget (``breaker.RetryBudget``), and never once a byte went to the client: that
-is the relay's side. A server error with no retry left is answered as the node gave it. Every
+not counting nodes that refused the connection (a round trip each, no wait: when a region goes
+down its nodes all refuse, and one retry spent on the region's other node left the request
+failed while other regions could serve it), each node once, within the retry budget
+(``breaker.RetryBudget``), and never once a byte went to the client: that is the relay's side. A server error with no retry left is answered as the node gave it. Every
 failure counts on the node's circuit breaker, so a node that keeps failing is kept out of the
 candidates.
 """
@@ -116,6 +119,7 @@ class Retrier:
         cancellation back). The caller has it at hand, which spares a lookup of the running loop.
         """
         tried: list[NodeSpec] = []
+        refused = 0  # tries a node refused outright: they cost a round trip, not a wait
         config = self._config
         first_byte_s = config.upstream_first_byte_timeout_s if stream else None
         breakers = self._breakers
@@ -148,6 +152,17 @@ class Retrier:
                 else:
                     async with asyncio.timeout(first_byte_s):
                         response = await self._client.request(target, headers, body, fresh=fresh)
+                    if response.status == 200:
+                        # A stream's head leaves the node at once, its first event after the queue
+                        # and the prefill: a node that dies meanwhile (an outage) has sent the
+                        # client nothing yet, so the client's head waits for that event and the
+                        # request is retried like a refused connection.
+                        attempt.head_s = _perf_counter()
+                        try:
+                            await response.first_body()
+                        except BaseException:
+                            response.close()
+                            raise
             except asyncio.CancelledError:
                 if hung_watch is None or not hung_watch.hung or attempt.client_gone:
                     raise
@@ -160,6 +175,7 @@ class Retrier:
                 self._metrics.timeout("connect")
             except ConnectFailed:
                 kind, hard = "connect", True
+                refused += 1
             except ReadTimeout:
                 breakers.failure(node.id, time.monotonic(), hard=True)
                 self._metrics.upstream_error(node.name, "timeout")
@@ -179,12 +195,13 @@ class Retrier:
                     502, f"Node {node.name} sent an invalid response.", node_name=node.name
                 ) from None
             else:
-                attempt.head_s = _perf_counter()
+                if first_byte_s is None or response.status != 200:
+                    attempt.head_s = _perf_counter()  # (a stream's 200: when its head came, above)
                 if response.status < 500:
                     breakers.success(node.id)
                     return response
                 breakers.failure(node.id, time.monotonic(), hard=False)
-                if response.status not in RETRIED_STATUSES or len(tried) >= config.upstream_retries:
+                if response.status not in RETRIED_STATUSES or len(tried) - refused >= config.upstream_retries:
                     return response
                 others = tuple(
                     c for c in candidates if c is not node and c not in tried and c.id not in breakers.blocked
@@ -218,7 +235,7 @@ class Retrier:
             # node: the only candidate gets one more try on a fresh connection.
             same_node_again = kind == "disconnect" and not remaining and len(tried) == 1
             if (
-                len(tried) > config.upstream_retries
+                len(tried) - refused > config.upstream_retries
                 or not (remaining or same_node_again)
                 or not self.budget.spend()
             ):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from routing.contract import RequestRecord, decode
+from tests.conftest import free_port
 from tests.routing.support import (
     MODEL,
     gateway_config,
@@ -169,3 +170,117 @@ class TestNodeErrorEvent:
         record = decode(entry[1][b"r"], RequestRecord)
         assert record.status == 500
         assert "flaky" in (record.error or "") and "Internal server error" in (record.error or "")
+
+
+class HeadThenDiesNode(asyncio.Protocol):
+    """Sends a stream's head at once (as vLLM does), then dies while "prefilling": no event ever."""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        asyncio.get_running_loop().call_later(0.05, self.transport.close)
+
+
+class StreamingNode(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        body = EVENT + b"data: [DONE]\n\n"
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+
+
+async def serve(protocol) -> tuple[asyncio.Server, str]:
+    server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def _count_is(count, expected: int) -> bool:
+    return await count == expected
+
+
+class TestDeathBeforeTheFirstEvent:
+    """A node that dies after its stream's head and before its first event (an outage takes a
+    node while requests queue or prefill there) had its 200 passed on: the client got a stream
+    holding only the gateway's error event, where another node could have answered."""
+
+    async def test_the_request_is_answered_by_another_node(self, aredis, redis_keys, redis_url):
+        dying, dying_url = await serve(HeadThenDiesNode)
+        good, good_url = await serve(StreamingNode)
+        nodes = (make_node(1, dying_url, name="dying"), make_node(2, good_url, name="good"))
+        await publish(aredis, redis_keys, make_snapshot(nodes))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                answers = [
+                    await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+                    for _ in range(4)  # round robin: the dying node is chosen first at least once
+                ]
+                await wait_for(lambda: _count_is(aredis.xlen(redis_keys.request_stream), 4))
+        finally:
+            dying.close()
+            good.close()
+        for answer in answers:
+            assert answer.status_code == 200
+            assert answer.content == EVENT + b"data: [DONE]\n\n"
+            assert answer.headers["x-gorgo-node"] == "good"
+        records = [
+            decode(entry[1][b"r"], RequestRecord) for entry in await aredis.xrange(redis_keys.request_stream)
+        ]
+        assert {record.status for record in records} == {200}
+        assert {record.node_id for record in records} == {2}
+
+    async def test_with_no_other_node_the_client_gets_an_error_status(self, aredis, redis_keys, redis_url):
+        dying, dying_url = await serve(HeadThenDiesNode)
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, dying_url, name="dying"),)))
+        try:
+            async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+                response = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+        finally:
+            dying.close()
+        assert response.status_code == 502  # an error status, not a 200 holding an error event
+        error = response.json()["error"]
+        assert error["type"] == "BadGatewayError" and "dying" in error["message"]
+
+
+class TestRefusedConnections:
+    """A region going down: its nodes all refuse connections at once. With one retry allowed, a
+    request whose first node and retry were both there failed (502) while another node was fine."""
+
+    async def test_every_refusing_node_is_passed_over_for_one_that_answers(
+        self, aredis, redis_keys, redis_url
+    ):
+        good, good_url = await serve(StreamingNode)
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
+        # Round robin over the id order: the first try and the retry both land on refusing nodes.
+        nodes = (
+            make_node(1, good_url, name="good"),
+            *(make_node(i + 2, url, name=f"dead-{i + 1}") for i, url in enumerate(dead)),
+        )
+        await publish(aredis, redis_keys, make_snapshot(nodes))
+        try:
+            config = gateway_config(redis_keys, redis_url, upstream_retries=1, retry_budget_ratio=10.0)
+            async with running_gateway(config) as gateway:
+                answer = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+        finally:
+            good.close()
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-gorgo-node"] == "good"
+
+    async def test_with_every_node_refusing_each_is_tried_once(self, aredis, redis_keys, redis_url):
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(4)]
+        nodes = tuple(make_node(i + 1, url, name=f"dead-{i + 1}") for i, url in enumerate(dead))
+        await publish(aredis, redis_keys, make_snapshot(nodes))
+        config = gateway_config(redis_keys, redis_url, upstream_retries=1, retry_budget_ratio=10.0)
+        async with running_gateway(config) as gateway:
+            answer = await gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True})
+            retries = (await gateway.http.get("/metrics")).text
+        assert answer.status_code == 502 and "unreachable" in answer.json()["error"]["message"]
+        tried = [line for line in retries.splitlines() if line.startswith("gorgo_gateway_retries_total")]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in tried) == 3, tried  # four nodes, once each
