@@ -190,6 +190,11 @@ class UpstreamResponse:
             self._conn.resume()
         return data
 
+    @property
+    def body_started(self) -> bool:
+        """Body bytes have arrived (not yet read), or the body has ended."""
+        return bool(self._chunks) or self._done
+
     async def first_body(self) -> None:
         """Wait for the body's first bytes (left for ``readany``) or its end; raises the error that
         ended it before any byte came."""

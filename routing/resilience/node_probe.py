@@ -128,7 +128,8 @@ class NodeProber:
 
 
 class HungWatch:
-    """Takes a non-streaming request back from a node that stopped answering even ``/health``.
+    """Takes a request back from a node that stopped answering even ``/health`` before its first
+    byte: a non-streaming request's head, a stream's first event (its head comes at once).
 
     Armed when the request is sent: a timer (no task; one of ``timers``, the first-byte timeout)
     that then asks the prober

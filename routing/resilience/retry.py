@@ -2,8 +2,9 @@
 
 Retried: a refused connection, a connection dropped before the answer, (streams) no response
 headers within the first-byte timeout (vLLM sends a stream's headers at once, so silence means a
-hung node) or a stream that ended before its first event (the node died while the request queued
-or prefilled: the client has been sent nothing, its head waits for that event), and a server-error answer (``RETRIED_STATUSES``: vLLM's 500 "The engine is dead." from
+hung node), a stream that ended before its first event (the node died while the request queued
+or prefilled: the client has been sent nothing, its head waits for that event) or whose node,
+silent past the first-byte timeout before that event, does not answer ``/health`` either, and a server-error answer (``RETRIED_STATUSES``: vLLM's 500 "The engine is dead." from
 a node going down, a 502/503/504 from whatever stands in front of it), which says nothing about
 the request and would otherwise reach the client while other nodes are fine (region-outage: the
 requests that reached a region's nodes as they stopped). At most ``upstream_retries`` times,
@@ -156,13 +157,24 @@ class Retrier:
                         # A stream's head leaves the node at once, its first event after the queue
                         # and the prefill: a node that dies meanwhile (an outage) has sent the
                         # client nothing yet, so the client's head waits for that event and the
-                        # request is retried like a refused connection.
+                        # request is retried like a refused connection; one that hangs meanwhile
+                        # (not even /health answers) is taken back as a non-streaming one is.
                         attempt.head_s = _perf_counter()
-                        try:
-                            await response.first_body()
-                        except BaseException:
-                            response.close()
-                            raise
+                        if not response.body_started:
+                            if self._prober is not None and task is not None:
+                                hung_watch = HungWatch(
+                                    self._prober,
+                                    task,
+                                    node.id,
+                                    table.base_urls[node.id],
+                                    self._hung_timers,
+                                    self._client.loop,
+                                )
+                            try:
+                                await response.first_body()
+                            except BaseException:
+                                response.close()
+                                raise
             except asyncio.CancelledError:
                 if hung_watch is None or not hung_watch.hung or attempt.client_gone:
                     raise

@@ -284,3 +284,43 @@ class TestRefusedConnections:
         assert answer.status_code == 502 and "unreachable" in answer.json()["error"]["message"]
         tried = [line for line in retries.splitlines() if line.startswith("gorgo_gateway_retries_total")]
         assert sum(float(line.rsplit(" ", 1)[1]) for line in tried) == 3, tried  # four nodes, once each
+
+
+class HeadThenHangsNode(asyncio.Protocol):
+    """Sends a stream's head, then nothing ever: no event, no close, and no answer to /health."""
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        if data.startswith(b"POST "):
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+
+
+class TestHangBeforeTheFirstEvent:
+    async def test_the_stream_is_taken_back_after_a_failed_health_probe(self, aredis, redis_keys, redis_url):
+        """Before: the request waited for the node's first event until the read timeout (minutes),
+        though nothing had gone to the client and another node was idle."""
+        hanging, hanging_url = await serve(HeadThenHangsNode)
+        good, good_url = await serve(StreamingNode)
+        nodes = (make_node(1, good_url, name="good"), make_node(2, hanging_url, name="hanging"))
+        await publish(aredis, redis_keys, make_snapshot(nodes))
+        try:
+            config = gateway_config(redis_keys, redis_url, upstream_first_byte_timeout_s=0.5)
+            async with running_gateway(config) as gateway:
+                answers = [
+                    await asyncio.wait_for(
+                        gateway.http.post("/v1/chat/completions", json={**BODY, "stream": True}), 20
+                    )
+                    for _ in range(2)  # round robin: one of them goes to the hanging node first
+                ]
+                metrics = (await gateway.http.get("/metrics")).text
+        finally:
+            hanging.close()
+            good.close()
+        for answer in answers:
+            assert answer.status_code == 200 and answer.headers["x-gorgo-node"] == "good"
+            assert answer.content == EVENT + b"data: [DONE]\n\n"
+        assert 'gorgo_gateway_retries_total{reason="first_byte"} 1.0' in metrics
