@@ -15,6 +15,7 @@ gateway's ids equal to vLLM's ``/tokenize`` for long, growing prompts. The resta
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +48,8 @@ from tests.routing.support import gateway_config, make_node, make_snapshot, publ
 
 FIGURES = Path(__file__).resolve().parents[2] / "var" / "test-logs" / "e2e_real_vllm.json"
 NODE_IDS = {"bind": 1, "connect": 2}
+# A stream head from the engine within this (median, ms): its API server process was not starved.
+HEAD_DELAY_CLEAN_MS = 8.0
 
 
 def record_figures(section: str, values: dict[str, Any]) -> None:
@@ -414,39 +417,59 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
     assert told < engine_before * SPEED_BELIEF_FACTOR / 1.5  # room for the engine to wander
     node = make_node(1, server.url, name="vllm-bind", models=(MODEL_NAME,), prefill_tokens_per_s=told)
     model = ModelSpec(MODEL_NAME, BLOCK_SIZE_TOKENS, read_max_model_len(MODEL_FOLDER) or 4096)
-    client = aioredis.Redis.from_url(redis_url)
     lengths = [40, 1_200, 120, 900, 60, 1_500, 300, 700] * 3
-    try:
-        await publish(client, redis_keys, make_snapshot((node,), params=GorgoParams(), models=(model,)))
-        async with (
-            running_gateway(gateway_config(redis_keys, redis_url)) as gateway,
-            httpx.AsyncClient(timeout=60) as direct,
-        ):
-            before = histogram_sums((await direct.get(server.url + "/metrics")).text)
-            ids = []
-            for number, tokens in enumerate(lengths):  # one at a time: no queue ahead of any
-                async with gateway.http.stream(
-                    "POST",
-                    "/v1/chat/completions",
-                    json={
-                        "model": MODEL_NAME,
-                        "messages": [{"role": "user", "content": words(f"measure-{number}", tokens)}],
-                        "max_tokens": 2,
-                        "stream": True,
-                        "stream_options": {"include_usage": True},
-                    },
-                ) as response:
-                    assert response.status_code == 200
-                    ids.append(response.headers["x-request-id"])
-                    await response.aread()
-            after = histogram_sums((await direct.get(server.url + "/metrics")).text)
-            measured = gateway.app.runtime.proxy._measured
-            speeds = dict(measured.speeds)
-            rtt_ms = dict(measured.rtt_ms)
-            await wait_for(lambda: _has(client, redis_keys, ids[-1]), 10)
-            logged = await records(client, redis_keys)
-    finally:
-        await client.aclose()
+
+    async def measure(attempt: int) -> tuple[dict, dict, dict, list[str], dict, dict]:
+        keys = RedisKeys(prefix=f"{redis_keys.prefix}-{attempt}")  # a fresh gateway, a fresh fit
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await publish(client, keys, make_snapshot((node,), params=GorgoParams(), models=(model,)))
+            async with (
+                running_gateway(gateway_config(keys, redis_url)) as gateway,
+                httpx.AsyncClient(timeout=60) as direct,
+            ):
+                before = histogram_sums((await direct.get(server.url + "/metrics")).text)
+                ids = []
+                for number, tokens in enumerate(lengths):  # one at a time: no queue ahead of any
+                    async with gateway.http.stream(
+                        "POST",
+                        "/v1/chat/completions",
+                        json={
+                            "model": MODEL_NAME,
+                            "messages": [
+                                {"role": "user", "content": words(f"measure-{attempt}-{number}", tokens)}
+                            ],
+                            "max_tokens": 2,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                        },
+                    ) as response:
+                        assert response.status_code == 200
+                        ids.append(response.headers["x-request-id"])
+                        await response.aread()
+                after = histogram_sums((await direct.get(server.url + "/metrics")).text)
+                measured = gateway.app.runtime.proxy._measured
+                speeds = dict(measured.speeds)
+                rtt_ms = dict(measured.rtt_ms)
+                await wait_for(lambda: _has(client, keys, ids[-1]), 10)
+                logged = await records(client, keys)
+        finally:
+            await client.delete(*[key async for key in client.scan_iter(match=f"{keys.prefix}*")] or ["-"])
+            await client.aclose()
+        return speeds, rtt_ms, logged, ids, before, after
+
+    # The gateway times a stream from its head to its first token, and the engine's head leaves its
+    # API server process: on this 2-core machine, shared with the rest of the suite, that process is
+    # at times starved while the engine's own process prefills, its heads come late and the intervals
+    # shrink (seen once: head p50 20 ms against 3 ms on a quiet machine, the fit then 3.2x the
+    # engine's counters). Such a run is measured again, at most twice; every run's head p50 is kept.
+    heads_p50: list[float] = []
+    for attempt in range(3):
+        speeds, rtt_ms, logged, ids, before, after = await measure(attempt)
+        head_values = sorted(logged[i].head_ms for i in ids if logged[i].head_ms is not None)
+        heads_p50.append(head_values[len(head_values) // 2] if head_values else math.inf)
+        if heads_p50[-1] <= HEAD_DELAY_CLEAN_MS:
+            break
     engine_tokens_per_s = prefill_tokens_per_s(before, after)
     assert 1 in speeds, (
         f"no prefill speed fitted; the engine did {engine_tokens_per_s:.0f} tokens/s, told {told:.0f}"
@@ -462,6 +485,7 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
             "engine_prefill_tokens_per_s_before": round(engine_before),
             "gateway_rtt_ms": round(rtt_ms[1], 2),
             "head_ms_p50": sorted(r.head_ms for r in heads if r.head_ms is not None)[len(heads) // 2],
+            "head_ms_p50_per_run": [round(value, 2) for value in heads_p50],
         },
     )
     # The head comes before the first token, on every stream: that is what makes it a round trip.
