@@ -458,8 +458,8 @@ async def test_the_gateway_measures_a_real_vllms_round_trip_and_prefill_speed(
 
     # The fit and the engine's counters time different spans (a stream's head to its first token;
     # the engine's prefill phase) on a 2-core machine shared with the rest of the suite. Once, in a
-    # full run, the fit came out 3.2x the counters (heads at 20 ms median; other runs with heads as
-    # late agreed within 1.2x; alone, within 1.4x): the cause is not pinned. So the measurement is
+    # full run, the fit came out 3.2x the counters (heads at 20 ms median; two more full runs, heads
+    # as late: 1.1x and 2.7x; alone, 1.4x): the cause is not pinned. So the measurement is
     # taken up to three times, each with a fresh gateway, until one agrees; every run is recorded,
     # and a fit that is wrong every time still fails.
     runs: list[dict[str, float]] = []
