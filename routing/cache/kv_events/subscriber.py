@@ -18,7 +18,8 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
 Sequence rules: a disconnection empties the node (its process may be gone), and so does the
 relay's ``PUBLISHER_GONE_SEQ`` (the node's vLLM disconnected from the relay; approximate until it
 publishes again, and then replayed from 0: the same process may be back, its cache intact); every (re)connection empties it and replays from 0 (a reconnect may be a
-restarted vLLM). A live sequence number not above the previous live one means the publisher
+restarted vLLM), and again from the expected batch ``CATCH_UP_AFTER_S`` later (ZMQ's slow joiner:
+what the PUB socket sent before the subscription reached it is lost with no gap to show it). A live sequence number not above the previous live one means the publisher
 restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
 emptied at once and the new process's earlier batches replayed from 0. Through a relay (the node
 connects out, ``routing.cache.kv_relay``) the gateway's own connection never drops, so this is the
@@ -53,6 +54,10 @@ Mode = Literal["precise", "approximate"]
 MAX_LAG_S = 5.0  # events older than this on arrival: the node is treated as approximate
 RESYNC_S = 30.0  # after an unrecoverable gap, approximate for this long while the index refills
 REPLAY_TIMEOUT_S = 2.0
+# After a (re)connection's replay, replay again from the expected batch this long after it: ZMQ
+# drops what a PUB socket sends before the new subscription reaches it (the "slow joiner"), so a
+# batch published just after the replay can be lost with no later batch to show the gap.
+CATCH_UP_AFTER_S = (0.5, 2.0)
 END_SEQ = -1
 # A node this gateway sent SILENT_MIN_REQUESTS answered requests, the first SILENT_AFTER_S ago,
 # without one event since: its events do not reach us (most often the endpoint shape, below).
@@ -150,6 +155,7 @@ class NodeSubscriber:
         self._silent_logged = False
         self._publisher_gone = False  # the relay said the node's vLLM disconnected
         self._replaying = False  # a replay is applying batches: the index is not yet whole
+        self._catch_ups: list[float] = []  # loop times of the replays still due after a connection
 
     # ---- mode ---------------------------------------------------------------------------------
 
@@ -220,9 +226,14 @@ class NodeSubscriber:
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                ready = dict(await poller.poll())
+                timeout = max(0.0, self._catch_ups[0] - loop.time()) * 1000 if self._catch_ups else None
+                ready = dict(await poller.poll(timeout))
+                if self._catch_ups and loop.time() >= self._catch_ups[0]:
+                    del self._catch_ups[0]
+                    await self._catch_up()
                 if monitor in ready:
                     await self._on_monitor(await monitor.recv_multipart())
                 if sub in ready:
@@ -254,11 +265,30 @@ class NodeSubscriber:
             self.stats.connected = True
             if self.source.replay_endpoint:
                 await self._replay(0)
+                now = asyncio.get_running_loop().time()
+                self._catch_ups = [now + delay for delay in CATCH_UP_AFTER_S]
         elif event == zmq.EVENT_DISCONNECTED:
             # The node stopped or restarts: what it held is gone with the process (or will be
             # replayed on reconnection). Forget it now, not at reconnection.
             self.stats.connected = False
+            self._catch_ups = []
             self._reset(count=False)
+
+    async def _catch_up(self) -> None:
+        """Replay what the live stream may have missed while the subscription was on its way."""
+        expected = self._expected
+        if not self.stats.connected or expected is None or self._publisher_gone:
+            return
+        # Not answered, or the buffer no longer reaches back: the next live batch shows the gap
+        # and its handling (replay, else empty and resync) applies.
+        if await self._replay(expected) and self._expected is not None and self._expected > expected:
+            self.stats.gaps += 1
+            logger.info(
+                "KV events of node %s: %d batches published before this gateway's subscription took "
+                "effect were replayed",
+                self.node_id,
+                self._expected - expected,
+            )
 
     def _on_publisher_gone(self) -> None:
         """The relay saw the node's vLLM disconnect: empty, approximate until it publishes again."""
