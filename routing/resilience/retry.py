@@ -100,6 +100,16 @@ class Retrier:
         self.budget = RetryBudget(config.retry_budget_ratio)
         self._hung_timers = FixedDelay(config.upstream_first_byte_timeout_s)
 
+    def _hung_watch(
+        self, task: asyncio.Task[Any] | None, node_id: int, table: RoutingTable
+    ) -> HungWatch | None:
+        """A watch that takes the request back from a node that stopped answering even /health."""
+        if self._prober is None or task is None:
+            return None
+        return HungWatch(
+            self._prober, task, node_id, table.base_urls[node_id], self._hung_timers, self._client.loop
+        )
+
     async def open(
         self,
         attempt: Attempt,
@@ -131,18 +141,7 @@ class Retrier:
             attempt.prediction = decision.prediction
             lease = attempt.lease = self._inflight.begin(node.id, _prefill_tokens(decision, request))
             attempt.sent_s = _perf_counter()
-            hung_watch = (
-                HungWatch(
-                    self._prober,
-                    task,
-                    node.id,
-                    table.base_urls[node.id],
-                    self._hung_timers,
-                    self._client.loop,
-                )
-                if first_byte_s is None and self._prober is not None and task is not None
-                else None
-            )
+            hung_watch = self._hung_watch(task, node.id, table) if first_byte_s is None else None
             target = table.urls.get((node.id, path))
             rerouted = False  # a 5xx answer, retried: compiled, no `continue` may leave the `finally`
             try:
@@ -161,15 +160,7 @@ class Retrier:
                         # (not even /health answers) is taken back as a non-streaming one is.
                         attempt.head_s = _perf_counter()
                         if not response.body_started:
-                            if self._prober is not None and task is not None:
-                                hung_watch = HungWatch(
-                                    self._prober,
-                                    task,
-                                    node.id,
-                                    table.base_urls[node.id],
-                                    self._hung_timers,
-                                    self._client.loop,
-                                )
+                            hung_watch = self._hung_watch(task, node.id, table)
                             try:
                                 await response.first_body()
                             except BaseException:
