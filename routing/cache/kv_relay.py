@@ -8,7 +8,8 @@ one relay per such node binds it (``--listen``, a SUB socket vLLM's PUB connects
 PUB socket of its own (``--publish``) which the node's ``kv_events_endpoint`` names for the
 gateways. Frames pass unchanged (topic, sequence, payload). When vLLM's connection drops (it
 stopped or is restarting) the relay sends ``PUBLISHER_GONE_SEQ`` so the gateways forget the node's
-blocks at once; a restart it missed still shows as the sequence going back to 0 (``subscriber``). Replay is not
+blocks at once, and when one connects ``PUBLISHER_JOINED_SEQ``, so they replay what it holds at once;
+a restart it missed still shows as the sequence going back to 0 (``subscriber``). Replay is not
 relayed: vLLM always binds its replay endpoint, gateways reach it directly.
 
     python -m routing.cache.kv_relay --listen tcp://*:5557 --publish tcp://*:5567
@@ -35,6 +36,10 @@ HWM_MESSAGES = 100_000  # as the gateways' SUB sockets: a burst of batches is qu
 # Sent to the gateways when a vLLM publisher disconnects (it stopped, or is restarting): topic b"",
 # this sequence number, empty payload. vLLM never sends a negative sequence on its PUB socket.
 PUBLISHER_GONE_SEQ = -2
+# Sent when a vLLM publisher connects (a new process, or the same one back): the gateways replay
+# what it holds at once, instead of waiting for its next batch, which may be a while, and which
+# ZMQ may drop anyway: vLLM's PUB drops what it sends before the relay's subscription reaches it.
+PUBLISHER_JOINED_SEQ = -3
 
 
 @dataclass(slots=True)
@@ -90,14 +95,16 @@ class KVRelay:
                 if event == zmq.EVENT_ACCEPTED:
                     self.stats.publishers_connected += 1
                     logger.info("a vLLM publisher connected to %s", self.listen)
+                    marker = PUBLISHER_JOINED_SEQ
                 else:
                     # The gateways' own connection (to us) stays up: tell them, so they forget
                     # the node's blocks now rather than at the new process's first batch.
                     logger.info("a vLLM publisher disconnected from %s", self.listen)
-                    with contextlib.suppress(zmq.Again):
-                        await self._pub.send_multipart(
-                            (b"", PUBLISHER_GONE_SEQ.to_bytes(8, "big", signed=True), b""), flags=zmq.NOBLOCK
-                        )
+                    marker = PUBLISHER_GONE_SEQ
+                with contextlib.suppress(zmq.Again):
+                    await self._pub.send_multipart(
+                        (b"", marker.to_bytes(8, "big", signed=True), b""), flags=zmq.NOBLOCK
+                    )
             if self._sub in ready:
                 frames = await self._sub.recv_multipart()
                 with contextlib.suppress(zmq.Again):  # no gateway keeps up: drop, they see a gap

@@ -20,8 +20,9 @@ from routing.cache.kv_events.subscriber import (
 )
 from routing.cache.kv_relay import KVRelay
 from routing.contract import KVEventsSpec
-from simulator.kv_events import BlockStored, KVEventsConfig, Publisher
+from simulator.kv_events import KVEventsConfig, Publisher
 from simulator.tcp_delay import TcpDelayProxy
+from tests.routing.kv_support import LossyPublisher, stored
 from tests.routing.support import wait_for
 
 NODE_ID = 1
@@ -31,15 +32,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def stored(first: int, count: int = 1, parent: int | None = None) -> BlockStored:
-    return BlockStored(
-        tuple(range(first, first + count)),
-        parent,
-        tuple(t for block in range(first, first + count) for t in [block] * 16),
-        16,
-    )
 
 
 @pytest.mark.parametrize(
@@ -246,17 +238,50 @@ async def test_a_connect_out_node_that_reconnects_to_the_relay_is_replayed_whole
         await wait_for(lambda: subscriber.stats.publisher_gone_at is not None)
         assert events.index.blocks(NODE_ID) == 0 and events.mode(NODE_ID) == "approximate"
         await wait_for(lambda: relay.stats.publishers_connected == 2)
-        for number in range(first + 2, first + 52):  # the slow joiner again: sent until one arrives
-            publisher.publish([stored(number, parent=number - 1)])
-            try:
-                await wait_for(lambda: not subscriber._publisher_gone, 0.2)
-                break
-            except AssertionError:
-                continue
+        # The relay says it joined: replayed at once, no batch needed.
         await wait_for(lambda: not subscriber._replaying and events.mode(NODE_ID) == "precise")
-        assert events.index.blocks(NODE_ID) == number  # blocks 1..number: none forgotten
+        assert events.index.blocks(NODE_ID) == first + 1  # none forgotten
+        # Its next batch arrives live, or (the slow joiner again) through the replay after joining.
+        publisher.publish([stored(first + 2, parent=first + 1)])
+        await wait_for(lambda: events.index.blocks(NODE_ID) == first + 2)
     finally:
         await events.close()
         await publisher.stop()
         await link.close()
+        await relay.close()
+
+
+async def test_a_connect_out_node_that_restarts_is_replayed_when_it_joins_without_waiting_for_a_batch() -> (
+    None
+):
+    # The relay says when a vLLM connects. Before it did, a restarted connect-out node stayed
+    # approximate until its next batch reached the gateway, and its first batch can be dropped by
+    # its own PUB (sent before the relay's subscription reached it): a node that then idles was
+    # never precise again and its first blocks were missing.
+    port, replay_port = free_port(), free_port()
+    relay = KVRelay(f"tcp://127.0.0.1:{port}", "tcp://127.0.0.1:0")
+    relay.start()
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"tcp://127.0.0.1:{port}",
+        replay_endpoint=f"tcp://*:{replay_port}",
+    )
+    publisher = LossyPublisher(config, "127.0.0.1")
+    publisher.start()
+    events = KVEvents()
+    try:
+        await events.sync({NODE_ID: EventSource(relay.publish_endpoint, f"tcp://127.0.0.1:{replay_port}")})
+        await wait_for(lambda: relay.stats.publishers_connected == 1 and events.mode(NODE_ID) == "precise")
+        await publisher.stop()  # the vLLM process ends
+        await wait_for(lambda: events.mode(NODE_ID) == "approximate")
+
+        publisher = LossyPublisher(config, "127.0.0.1")  # the new process: sequence from 0
+        publisher.start()
+        publisher.lose([stored(7, count=3)])  # its only batch, sent before the subscription took
+        await wait_for(lambda: relay.stats.publishers_connected == 2)
+        await wait_for(lambda: events.mode(NODE_ID) == "precise" and events.index.blocks(NODE_ID) == 3)
+        assert events.subscribers[NODE_ID].stats.resets == 0
+    finally:
+        await events.close()
+        await publisher.stop()
         await relay.close()

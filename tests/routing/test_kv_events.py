@@ -32,6 +32,7 @@ from simulator.kv_events import (
 from simulator.model_folder import CHAT_TEMPLATE_PATH, TOKENIZER_PATH
 from simulator.text import text_of_tokens
 from simulator.topology import DEFAULT_TOPOLOGY_PATH, load_topology
+from tests.routing.kv_support import LossyPublisher, stored
 from tests.routing.support import wait_for
 
 NODE = "us-east-1"
@@ -235,24 +236,6 @@ def publisher_config(buffer_steps: int = 100, replay_format: str = "v0.32") -> K
         replay_endpoint="tcp://*:0",
         buffer_steps=buffer_steps,
         replay_format=replay_format,
-    )
-
-
-class LossyPublisher(Publisher):
-    """The simulator's publisher, able to lose a message on the way (as an overflowing HWM does)."""
-
-    def lose(self, events: list) -> None:
-        seq = self._seq
-        self._seq += 1
-        self._buffer.append((seq, encode_batch(events, time.time(), 0, self.config.encoding)))
-
-
-def stored(first: int, count: int = 1, parent: int | None = None) -> BlockStored:
-    return BlockStored(
-        tuple(range(first, first + count)),
-        parent,
-        tuple(t for block in range(first, first + count) for t in [block] * 16),
-        16,
     )
 
 

@@ -17,7 +17,8 @@ gateway's loop) keeps its node's blocks in the shared ``PreciseIndex`` and decid
 
 Sequence rules: a disconnection empties the node (its process may be gone), and so does the
 relay's ``PUBLISHER_GONE_SEQ`` (the node's vLLM disconnected from the relay; approximate until it
-publishes again, and then replayed from 0: the same process may be back, its cache intact); every (re)connection empties it and replays from 0 (a reconnect may be a
+publishes again or the relay's ``PUBLISHER_JOINED_SEQ`` says it connected, and then replayed from 0:
+the same process may be back, its cache intact); every (re)connection empties it and replays from 0 (a reconnect may be a
 restarted vLLM), and again from the expected batch ``CATCH_UP_AFTER_S`` later (ZMQ's slow joiner:
 what the PUB socket sent before the subscription reached it is lost with no gap to show it). A live sequence number not above the previous live one means the publisher
 restarted (vLLM 0.32 starts every process at 0 and sends no ``AllBlocksCleared``): the node is
@@ -44,7 +45,7 @@ import zmq
 import zmq.asyncio
 
 from routing.cache.kv_events.decoder import BatchError, Removed, Stored, decode_batch
-from routing.cache.kv_relay import PUBLISHER_GONE_SEQ
+from routing.cache.kv_relay import PUBLISHER_GONE_SEQ, PUBLISHER_JOINED_SEQ
 from routing.cache.precise_index import PreciseIndex
 from routing.contract import KVEventsSpec
 
@@ -242,8 +243,13 @@ class NodeSubscriber:
                         self.stats.dropped["malformed"] += 1
                         continue
                     seq = int.from_bytes(frames[1], "big", signed=True)
-                    if seq == PUBLISHER_GONE_SEQ:
-                        self._on_publisher_gone()
+                    if seq < 0:  # the relay's markers; vLLM's own sequence starts at 0
+                        if seq == PUBLISHER_GONE_SEQ:
+                            self._on_publisher_gone()
+                        elif seq == PUBLISHER_JOINED_SEQ:
+                            await self._on_publisher_joined()
+                        else:
+                            self.stats.dropped["malformed"] += 1
                         continue
                     await self._on_message(seq, frames[2])
         except asyncio.CancelledError:
@@ -263,10 +269,7 @@ class NodeSubscriber:
             self._reset(count=False)
             self._last_live_seq = None
             self.stats.connected = True
-            if self.source.replay_endpoint:
-                await self._replay(0)
-                now = asyncio.get_running_loop().time()
-                self._catch_ups = [now + delay for delay in CATCH_UP_AFTER_S]
+            await self._start_over()
         elif event == zmq.EVENT_DISCONNECTED:
             # The node stopped or restarts: what it held is gone with the process (or will be
             # replayed on reconnection). Forget it now, not at reconnection.
@@ -289,6 +292,32 @@ class NodeSubscriber:
                 self.node_id,
                 self._expected - expected,
             )
+
+    async def _start_over(self) -> bool:
+        """Replay what the publisher holds from 0, and again ``CATCH_UP_AFTER_S`` later; False if
+        the replay did not answer (or there is no replay endpoint)."""
+        if not self.source.replay_endpoint:
+            return False
+        replayed = await self._replay(0)
+        now = asyncio.get_running_loop().time()
+        self._catch_ups = [now + delay for delay in CATCH_UP_AFTER_S]
+        return replayed
+
+    async def _on_publisher_joined(self) -> None:
+        """The relay saw a vLLM connect (a new process, or the same one back): with a replay
+        endpoint, what it holds is replayed now, not at its next batch (which ZMQ may also drop:
+        the node's PUB drops what it sends before the relay's subscription reaches it)."""
+        if not self.source.replay_endpoint:
+            return  # approximate until its first batch, which starts it over (_on_publisher_gone)
+        self._publisher_gone = False
+        self._reset(count=False)
+        self._last_live_seq = None
+        if not await self._start_over():
+            # Not answered: as before it joined, approximate until its first batch, which
+            # replays it from 0 (a gap from 0).
+            self._reset(count=False)
+            self._publisher_gone = True
+            self._expected = 0
 
     def _on_publisher_gone(self) -> None:
         """The relay saw the node's vLLM disconnect: empty, approximate until it publishes again."""
