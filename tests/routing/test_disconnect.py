@@ -85,6 +85,34 @@ class TestDisconnect:
         (record,) = await records(aredis, redis_keys)
         assert record.status == 499
 
+    async def test_it_cancels_a_stream_whose_first_event_it_waits_for_when_the_client_leaves(
+        self, aredis, redis_keys, redis_url, stubs
+    ):
+        # The node sent the stream's head; the gateway holds it back until the first event (so a
+        # node dying before that can be retried): a client that hangs up meanwhile must still
+        # cancel the request at the node and free its slot, and be recorded as gone.
+        await publish(aredis, redis_keys, make_snapshot((make_node(1, stubs[0].url),)))
+        async with running_gateway(gateway_config(redis_keys, redis_url)) as gateway:
+            request = {**BODY, "stream": True, "stub": {"first_event_delay_s": 2.0}}
+
+            async def read() -> None:
+                async with gateway.http.stream("POST", f"{gateway.url}/v1/chat/completions", json=request):
+                    raise AssertionError("the head came before the node's first event")
+
+            task = asyncio.create_task(read())
+            await wait_for(lambda: stubs[0].seen)
+            await asyncio.sleep(0.2)
+            assert not task.done()  # waiting: the node sent its head, not an event
+            task.cancel()  # closes the connection mid-request
+            await asyncio.gather(task, return_exceptions=True)
+            await wait_for(lambda: stubs[0].aborted == 1)
+            inflight = gateway.app.runtime.inflight
+            await wait_for(lambda: inflight.outstanding_requests() == {1: 0})
+            await wait_for(lambda: _count(aredis, redis_keys, 1))
+        (record,) = await records(aredis, redis_keys)
+        assert record.status == 499 and record.error == "client disconnected"
+        assert record.ttft_ms is None
+
 
 def _count(aredis, keys, count):
     async def check():

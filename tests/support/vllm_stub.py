@@ -9,7 +9,8 @@ synchronous tests such as Django's, in a thread of its own (``start_in_thread``)
 - OpenAI API (``/v1/chat/completions``, ``/v1/completions``): SSE chunks as in
   /work/shared/fixtures/vllm_chat_stream.txt, steered per request through an extra ``stub`` object
   in the body, which the gateway forwards unchanged:
-  ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200, "eof_delay_s": 0}}``.
+  ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200, "eof_delay_s": 0}}``;
+  ``first_event_delay_s``: a stream's head at once, its first event this much later (as vLLM's).
 - ``api_status``: what every OpenAI API request gets when its ``stub`` names no status (a node
   whose engine died answers 500).
 - ``/health``: ``health_status``, delayed by ``region_delays_ms[X-Gorgo-Region]`` (a far region).
@@ -192,6 +193,9 @@ class StubNode:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Stub-Node": self.name})
         await response.prepare(request)
         try:
+            if stub.get("first_event_delay_s"):
+                # vLLM sends a stream's head at once and its first event after queue and prefill.
+                await asyncio.sleep(stub["first_event_delay_s"])
             for index, word in enumerate(words):
                 delta = {"role": "assistant", "content": word} if index == 0 else {"content": word}
                 choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": word}
