@@ -22,6 +22,17 @@ async def records(aredis, keys) -> list[RequestRecord]:
     return [decode(fields[b"r"], RequestRecord) for _, fields in await aredis.xrange(keys.request_stream)]
 
 
+async def cancelled_at_the_node(aredis, keys, gateway, stub) -> RequestRecord:
+    """The node saw the gateway hang up, its slot was freed, and the request was recorded as gone."""
+    await wait_for(lambda: stub.aborted == 1)
+    inflight = gateway.app.runtime.inflight
+    await wait_for(lambda: inflight.outstanding_requests() == {1: 0})
+    await wait_for(lambda: _count(aredis, keys, 1))
+    (record,) = await records(aredis, keys)
+    assert record.status == 499 and record.error == "client disconnected"
+    return record
+
+
 class TestDisconnect:
     async def test_it_cancels_the_upstream_stream_when_the_client_leaves(
         self, aredis, redis_keys, redis_url, stubs
@@ -34,12 +45,7 @@ class TestDisconnect:
                 async for line in response.aiter_lines():
                     if line.startswith("data:"):
                         break  # one event, then hang up
-            await wait_for(lambda: stubs[0].aborted == 1)
-            inflight = gateway.app.runtime.inflight
-            await wait_for(lambda: inflight.outstanding_requests() == {1: 0})
-            await wait_for(lambda: _count(aredis, redis_keys, 1))
-        (record,) = await records(aredis, redis_keys)
-        assert record.status == 499 and record.error == "client disconnected"
+            record = await cancelled_at_the_node(aredis, redis_keys, gateway, stubs[0])
         assert record.ttft_ms is not None
 
     async def test_it_records_a_complete_stream_as_200_when_the_client_hangs_up_after_done(
@@ -105,12 +111,7 @@ class TestDisconnect:
             assert not task.done()  # waiting: the node sent its head, not an event
             task.cancel()  # closes the connection mid-request
             await asyncio.gather(task, return_exceptions=True)
-            await wait_for(lambda: stubs[0].aborted == 1)
-            inflight = gateway.app.runtime.inflight
-            await wait_for(lambda: inflight.outstanding_requests() == {1: 0})
-            await wait_for(lambda: _count(aredis, redis_keys, 1))
-        (record,) = await records(aredis, redis_keys)
-        assert record.status == 499 and record.error == "client disconnected"
+            record = await cancelled_at_the_node(aredis, redis_keys, gateway, stubs[0])
         assert record.ttft_ms is None
 
 
