@@ -100,6 +100,7 @@ class RequestOutcome:
             head_s = exchange.head_s
             if (
                 head_s is not None
+                and not exchange.head_with_body  # its head to first token measured nothing
                 and exchange.stream
                 and exchange.status == 200
                 and node is not None

@@ -64,7 +64,7 @@ class Attempt:
     attribute lookups (~1.5 k instructions a request).
     """
 
-    __slots__ = ("client_gone", "decision", "head_s", "lease", "prediction", "sent_s")
+    __slots__ = ("client_gone", "decision", "head_s", "head_with_body", "lease", "prediction", "sent_s")
 
     def __init__(self) -> None:
         self.decision: Decision | None = None
@@ -74,6 +74,10 @@ class Attempt:
         # when the node's response head arrived (perf_counter s): a stream's head leaves the node
         # before its first token (vLLM's too), so head - sent is the round trip and the intake
         self.head_s: float | None = None
+        # the head came in one read with the stream's first event (a busy API server held it back
+        # until then): its head to first token measures no prefill (routing.state.measured takes
+        # no such sample; its round trip, a low quantile of the heads, outlasts a late head)
+        self.head_with_body = False
         self.client_gone = False
 
 
@@ -159,6 +163,7 @@ class Retrier:
                         # request is retried like a refused connection; one that hangs meanwhile
                         # (not even /health answers) is taken back as a non-streaming one is.
                         attempt.head_s = _perf_counter()
+                        attempt.head_with_body = response.body_started
                         if not response.body_started:
                             hung_watch = self._hung_watch(task, node.id, table)
                             try:

@@ -20,7 +20,8 @@ it (``GorgoParams.measured_inputs``):
   of them agree within ``RATIO_AGREEMENT`` (a probe that is off is usually off for every path it
   measures: it sits elsewhere than the gateway, or times something else).
 - **Prefill speed.** From the head to the first token a stream spends its queue and its prefill
-  at the node. Only answers for which this gateway knew of no prefill queued ahead count (the
+  at the node (not when the head came in one read with the first event: a busy API server held
+  it back, and the span measures nothing). Only answers for which this gateway knew of no prefill queued ahead count (the
   decision's ``queue_ms`` no larger than a busy batch's decode slowdown alone puts there:
   ``routing.proxy.outcome``), and of those the uncached prompt tokens the node reported
   (``usage.prompt_tokens - cached_tokens``). A least-squares line ``ms = step + ms_per_token x

@@ -10,7 +10,9 @@ synchronous tests such as Django's, in a thread of its own (``start_in_thread``)
   /work/shared/fixtures/vllm_chat_stream.txt, steered per request through an extra ``stub`` object
   in the body, which the gateway forwards unchanged:
   ``{"stub": {"chunks": 5, "chunk_delay_s": 0.05, "delay_s": 0, "status": 200, "eof_delay_s": 0}}``;
-  ``first_event_delay_s``: a stream's head at once, its first event this much later (as vLLM's).
+  ``first_event_delay_s``: a stream's head at once, its first event this much later (as vLLM's);
+  ``head_with_first_event``: the head held back and sent in one write with the first event (as a
+  busy vLLM API server sometimes does).
 - ``api_status``: what every OpenAI API request gets when its ``stub`` names no status (a node
   whose engine died answers 500).
 - ``/health``: ``health_status``, delayed by ``region_delays_ms[X-Gorgo-Region]`` (a far region).
@@ -190,7 +192,8 @@ class StubNode:
                 },
                 headers={"X-Stub-Node": self.name},
             )
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Stub-Node": self.name})
+        stream_class = _HeadWithFirstEvent if stub.get("head_with_first_event") else web.StreamResponse
+        response = stream_class(headers={"Content-Type": "text/event-stream", "X-Stub-Node": self.name})
         await response.prepare(request)
         try:
             if stub.get("first_event_delay_s"):
@@ -219,6 +222,13 @@ class StubNode:
             self.aborted += 1
             raise
         return response
+
+
+class _HeadWithFirstEvent(web.StreamResponse):
+    """A stream whose head aiohttp sends with its first body write, not at ``prepare`` (its
+    ``web.Response`` does so; this is the same switch)."""
+
+    _send_headers_immediately = False
 
 
 @asynccontextmanager
