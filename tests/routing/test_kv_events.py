@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from routing.cache.kv_events import subscriber as subscriber_module
 from routing.cache.kv_events.decoder import decode_batch
 from routing.cache.kv_events.manager import KVEvents
 from routing.cache.kv_events.subscriber import EventSource
@@ -282,6 +283,40 @@ async def test_a_batch_sent_before_the_subscription_took_effect_is_replayed() ->
         await wait_for(lambda: events.index.blocks(NODE_ID) == 2)
         assert subscriber.stats.gaps == 1 and subscriber.stats.resets == 0
         assert events.mode(NODE_ID) == "precise"
+
+
+class HeldCatchUpPublisher(Publisher):
+    """The simulator's publisher that answers the first replay (the connection's) at once and holds
+    every later one (the catch-ups) until ``release`` is set."""
+
+    def __init__(self, config: KVEventsConfig, host: str) -> None:
+        super().__init__(config, host)
+        self.catch_up_asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _serve_replay(self, socket) -> None:
+        answered = 0
+        while True:
+            client, delimiter, _start = await socket.recv_multipart()
+            if answered:
+                self.catch_up_asked.set()
+                await self.release.wait()
+            answered += 1
+            await socket.send_multipart((client, delimiter, b"", END_SEQ, b""))
+
+
+async def test_a_catch_up_replay_leaves_the_node_precise(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The catch-up only looks for what the live stream might have missed: the index is whole while
+    # it runs. Marked as a replay under way, it turned the node approximate for its round trip, and
+    # a real vLLM test saw a request decided in that window routed approximately.
+    monkeypatch.setattr(subscriber_module, "CATCH_UP_AFTER_S", (0.1,))
+    publisher = HeldCatchUpPublisher(publisher_config(), "127.0.0.1")
+    publisher.start()
+    async with subscribed(publisher) as events:
+        await wait_for(lambda: events.mode(NODE_ID) == "precise")
+        await wait_for(publisher.catch_up_asked.is_set)
+        assert events.mode(NODE_ID) == "precise"
+        publisher.release.set()
 
 
 class PausingReplayPublisher(Publisher):

@@ -284,7 +284,11 @@ class NodeSubscriber:
             return
         # Not answered, or the buffer no longer reaches back: the next live batch shows the gap
         # and its handling (replay, else empty and resync) applies.
-        if await self._replay(expected) and self._expected is not None and self._expected > expected:
+        if (
+            await self._replay(expected, partial=False)
+            and self._expected is not None
+            and self._expected > expected
+        ):
             self.stats.gaps += 1
             logger.info(
                 "KV events of node %s: %d batches published before this gateway's subscription took "
@@ -415,14 +419,16 @@ class NodeSubscriber:
             stats.applied += 1
         self._expected = seq + 1
 
-    async def _replay(self, start: int, until: int | None = None) -> bool:
+    async def _replay(self, start: int, until: int | None = None, *, partial: bool = True) -> bool:
         """Apply the publisher's buffered batches from ``start`` (below ``until``).
 
         False when the replay timed out, or when ``start`` > 0 and the buffer no longer reaches
-        back to it. From 0, whatever the buffer holds is the best there is: True.
+        back to it. From 0, whatever the buffer holds is the best there is: True. ``partial``: the
+        index is known not to be whole until it ends (the node is approximate meanwhile); a
+        catch-up, which only looks for what might have been missed, is not.
         """
         self.stats.replays += 1
-        self._replaying = True
+        self._replaying = partial
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.source.replay_endpoint or "")
