@@ -317,15 +317,16 @@ class NodeSubscriber:
         self._reset(count=False)
         self._last_live_seq = None
         if not await self._start_over():
-            # Not answered: as before it joined, approximate until its first batch, which
-            # replays it from 0 (a gap from 0).
-            self._reset(count=False)
-            self._publisher_gone = True
-            self._expected = 0
+            self._await_first_batch()  # not answered: as before it joined
 
     def _on_publisher_gone(self) -> None:
         """The relay saw the node's vLLM disconnect: empty, approximate until it publishes again."""
         self.stats.publisher_gone_at = self._clock()
+        self._await_first_batch()
+
+    def _await_first_batch(self) -> None:
+        """Empty, approximate until the node's vLLM publishes (behind the relay: its connection
+        is not ours, so only its first batch, or the relay's join, says it is back)."""
         self._publisher_gone = True
         self._reset(count=False)
         self._last_live_seq = None
